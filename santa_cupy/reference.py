@@ -354,7 +354,8 @@ def dense_attention(q, k_cache, v_cache, lengths, scale=None):
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - m)  # 0 past lengths
     Z = p.sum(axis=-1, keepdims=True)
-    v = to_float64(v_cache)  # [B, L, KVH, D]
+    inside = np.arange(v_cache.shape[1])[None, :, None, None] < np.asarray(lengths).reshape(B, 1, 1, 1)
+    v = np.where(inside, to_float64(v_cache), 0.0)  # [B, L, KVH, D], rows past lengths never read
     o = np.einsum("bkgl,blkd->bkgd", (p / Z).reshape(B, KVH, G, -1), v).reshape(B, H, D)
     return o, (m + np.log(Z))[..., 0]
 
