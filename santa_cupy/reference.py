@@ -199,8 +199,8 @@ def _global_counts(stats, prefix, keys, samples, sampler):
     k = np.arange(S, dtype=np.int64)
     U = rng.uniform(keys[:, None], spec.GLOBAL_TILE, k[None, :]).astype(F64)  # [R, S]
     x = (k + U) / S if sampler == "stratified" else U
-    t = (x[..., None] >= C[:, None, :]).sum(axis=-1)  # first t with x < C_t   [R, S]
-    t = np.minimum(t, C.shape[1] - 1)
+    t = np.stack([np.searchsorted(C[r], x[r], side="right") for r in range(R)])  # first t: x < C_t
+    t = np.minimum(t, C.shape[1] - 1)  # [R, S]; x < 1 = C_{T-1}, so this never clips
     Cp = np.take_along_axis(C_prev, t, axis=-1)
     Ct = np.take_along_axis(C, t, axis=-1)
     wt = np.take_along_axis(w, t, axis=-1)

@@ -159,6 +159,8 @@ def _check_shapes(q, k_cache, v_cache, lengths):
         raise ValueError(f"k_cache head dim {kd} must equal q head dim {D} (q shape {tuple(q.shape)})")
     if tuple(lengths.shape) != (B,):
         raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
+    if B < 1 or H < 1:
+        raise ValueError(f"q must have B >= 1 and H >= 1, got shape {tuple(q.shape)}")
     if L_max < 1:
         raise ValueError(f"k_cache must have L_max >= 1, got shape {tuple(k_cache.shape)}")
     if D not in HEAD_DIMS:

@@ -79,6 +79,11 @@ def test_lengths_shape_mismatch():
     raises(ValueError, ["lengths", "(2,)", "(3,)"], make(lengths=np.ones(3, np.int32)))
 
 
+def test_empty_batch_or_heads():
+    args = make(q=np.zeros((B, 0, D), np.float32))
+    raises(ValueError, ["q must have B >= 1 and H >= 1", "(2, 0, 64)"], args)
+
+
 def test_head_dim_not_supported():
     rs = np.random.default_rng(1)
     args = {
