@@ -222,7 +222,8 @@ def _tile_local_counts(stats, keys, S_t, sampler):
     i = np.arange(max(int(S_t.max()), 1))
     u = rng.uniform(keys[:, None, None], tiles[None, :, None], i[None, None, :])  # [R, T, P] f32
     if sampler == "stratified":
-        y = ((i.astype(F32) + u).astype(F32) / S_t.astype(F32)[..., None]).astype(F32)
+        denom = np.maximum(S_t, 1).astype(F32)[..., None]  # tiles with S_t = 0 draw nothing
+        y = ((i.astype(F32) + u).astype(F32) / denom).astype(F32)
     else:
         y = u
     mask = i[None, None, :] < S_t[..., None]
