@@ -48,7 +48,7 @@ class AttentionConfig:
     sampler: str = "systematic"  # "iid" | "stratified" | "systematic"
     budget: str = "global"       # "fixed" | "global" | "largest_remainder"
     seed: int = 0
-    block_n: int = 128
+    block_n: int | None = None   # None: santa_cupy's default for the method and head dim
 
     def __post_init__(self):
         if self.method not in ("dense", "santa"):
@@ -93,6 +93,7 @@ class KVCache:
         self.k = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.lengths = xp.zeros((batch,), xp.int32)
+        self.plans = {}                               # AttentionConfig -> santa_cupy.DecodePlan (GPU)
         self.length = 0
         self.step = 0
         self.batch, self.max_len = batch, max_len
@@ -318,11 +319,22 @@ class LlamaModel:
         return logits
 
     def _eager_attention(self, att: AttentionConfig, cache: KVCache):
-        """-> attn(layer, q [B,H,D] kv-dtype, k_cache, v_cache, lengths [B]) -> [B,H,D]."""
+        """-> attn(layer, q [B,H,D] kv-dtype, k_cache, v_cache, lengths [B]) -> [B,H,D].
+
+        CPU: dense = the float32 NumPy decode below, santa = santa_cupy.decode_attention (float64
+        reference). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
+        plan and check lengths on the host, a sync, at every call); its device step counter is
+        set to cache.step by a device-side fill, so the step stays free of host syncs."""
         if att.method == "dense" and self.xp is np:
             n = cache.length + 1
             return lambda li, q, kc, vc, lens: self._dense_decode_np(q, kc, vc, lens, n)
         import santa_cupy
+        if self.xp is not np and hasattr(santa_cupy, "DecodePlan"):
+            plan = cache.plans.get(att)
+            if plan is None:
+                plan = cache.plans[att] = self.make_plan(att, cache)
+            plan.step.fill(cache.step)
+            return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li)
         step = cache.step
 
         def attn(li, q, kc, vc, lens):
@@ -330,6 +342,15 @@ class LlamaModel:
                 q, kc, vc, lens, method=att.method, samples=att.samples, sampler=att.sampler,
                 budget=att.budget, seed=att.seed, step=step, layer=li, block_n=att.block_n)
         return attn
+
+    def make_plan(self, att: AttentionConfig, cache: KVCache):
+        """A santa_cupy.DecodePlan for this model's shapes and the cache (GPU only)."""
+        import santa_cupy
+        return santa_cupy.DecodePlan(
+            batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
+            max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
+            sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
+            block_n=att.block_n, step=cache.step)
 
     def _dense_decode_np(self, q, kc, vc, lens, n):
         """Float32 NumPy dense decode over the first n cache rows (rows >= lens[b] masked)."""
@@ -385,10 +406,9 @@ class GraphDecoder:
         self.pool = cupy.cuda.MemoryPool()
         att = attention
         self.plan = None
+        model._arange(cache.batch)                   # created outside the private pool
         if hasattr(santa_cupy, "DecodePlan"):
-            self.plan = santa_cupy.DecodePlan(
-                method=att.method, samples=att.samples, sampler=att.sampler, budget=att.budget,
-                seed=att.seed, step=cache.step, block_n=att.block_n)
+            self.plan = model.make_plan(att, cache)   # its own device step counter
             attn = lambda li, q, kc, vc, lens: self.plan.run(q, kc, vc, lens, layer=li)  # noqa: E731
         elif att.method == "dense":
             attn = model._eager_attention(att, cache)
