@@ -91,6 +91,25 @@ def tile_stats(scores, n, block_n):
     return TileStats(m=m, l=cum[..., -1].copy(), cum=cum, valid=valid, n=int(n), block_n=int(block_n))
 
 
+def stats_from_arrays(m, l, cum, n, block_n):
+    """TileStats from externally computed float32 stats (e.g. the GPU's pass 1), to compare counts.
+
+    m, l [R, T]; cum [R, >= n] the per-tile inclusive running sums laid out by row position.
+    """
+    R = np.shape(m)[0]
+    T = num_tiles(n, block_n)
+    padded = np.zeros((R, T * block_n), dtype=F32)
+    padded[:, :n] = np.asarray(cum, dtype=F32)[:, :n]
+    padded = padded.reshape(R, T, block_n)
+    valid = np.minimum(block_n, n - np.arange(T) * block_n).astype(np.int64)
+    tail = np.arange(block_n)[None, None, :] >= valid[None, :, None]
+    last = np.take_along_axis(padded, (valid - 1)[None, :, None].repeat(R, 0), axis=-1)
+    padded = np.where(tail, last, padded)  # constant past the end, like tile_stats
+    m = np.asarray(m, dtype=F32).reshape(R, T)
+    l = np.asarray(l, dtype=F32).reshape(R, T)
+    return TileStats(m=m, l=l, cum=padded, valid=valid, n=int(n), block_n=int(block_n))
+
+
 # -------------------------------------------------------------------------------- stage: prefix
 
 
@@ -167,12 +186,24 @@ def locate(stats, r, t, y):
     r = np.asarray(r, dtype=np.int64)
     t = np.asarray(t, dtype=np.int64)
     threshold = (np.asarray(y, dtype=F32) * stats.l[r, t]).astype(F32)  # >= +0
+    if not np.all(np.diff(stats.cum, axis=-1) >= 0):  # e.g. stats from a parallel scan
+        return _locate_brute_force(stats, r, t, threshold)
     # One sorted uint64 array: (segment << 32) | float32 bits (monotone for non-negative floats).
     seg_all = (np.arange(R * T, dtype=np.uint64) << np.uint64(32))[:, None]
     keys = (seg_all | stats.cum.reshape(R * T, BN).view(np.uint32).astype(np.uint64)).ravel()
     seg = (r * T + t).astype(np.uint64)
     query = (seg << np.uint64(32)) | threshold.view(np.uint32).astype(np.uint64)
     j = np.searchsorted(keys, query, side="right").astype(np.int64) - (r * T + t) * BN
+    return np.minimum(j, stats.valid[t] - 1)
+
+
+def _locate_brute_force(stats, r, t, threshold, chunk=1 << 16):
+    """locate() without assuming cum is non-decreasing: O(points * BN)."""
+    j = np.empty(r.shape, dtype=np.int64)
+    for lo in range(0, r.size, chunk):
+        sl = slice(lo, lo + chunk)
+        above = stats.cum[r[sl], t[sl]] > threshold[sl, None]  # [P, BN]
+        j[sl] = np.where(above.any(axis=1), above.argmax(axis=1), stats.block_n)
     return np.minimum(j, stats.valid[t] - 1)
 
 
@@ -254,12 +285,16 @@ def tile_counts(stats, prefix, keys, *, samples, sampler, budget):
 
 def counts_from_scores(scores, keys, n, *, samples, sampler, budget, block_n=spec.DEFAULT_BLOCK_N):
     """Counts [R, n] int32 from scores [R, >= n] (float64, or the GPU's float32 stash) and keys [R]."""
+    return counts_from_stats(tile_stats(scores, n, block_n), keys, samples=samples, sampler=sampler, budget=budget)
+
+
+def counts_from_stats(stats, keys, *, samples, sampler, budget):
+    """Counts [R, n] int32 from TileStats (tile_stats or stats_from_arrays) and keys [R]."""
     if sampler not in spec.SAMPLERS:
         raise ValueError(f"sampler must be one of {spec.SAMPLERS}, got {sampler!r}")
-    stats = tile_stats(scores, n, block_n)
     prefix = global_prefix(stats.m, stats.l, samples)
     c = tile_counts(stats, prefix, keys, samples=samples, sampler=sampler, budget=budget)
-    return c.reshape(c.shape[0], -1)[:, :n]
+    return c.reshape(c.shape[0], -1)[:, : stats.n]
 
 
 def sample_counts(

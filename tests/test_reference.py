@@ -156,6 +156,38 @@ def test_locate_matches_brute_force():
         assert got[i] == want
 
 
+def test_locate_without_monotone_cum_uses_the_definition():
+    rs = np.random.default_rng(9)
+    st = ref.tile_stats(rs.standard_normal((3, 150)), 150, 64)
+    cum = st.cum.copy()
+    cum[1, 1, 10] = cum[1, 1, 11] * np.float32(1.0001)  # a parallel scan can be 1 ulp off order
+    bumpy = ref.TileStats(m=st.m, l=st.l, cum=cum, valid=st.valid, n=150, block_n=64)
+    r, t = np.repeat([0, 1, 2], 200), np.tile(np.repeat([0, 1], 100), 3)
+    y = rs.uniform(0, 1, 600).astype(np.float32)
+    got = ref.locate(bumpy, r, t, y)
+    for i in range(600):
+        above = np.flatnonzero(cum[r[i], t[i], : st.valid[t[i]]] > np.float32(y[i] * st.l[r[i], t[i]]))
+        assert got[i] == (above[0] if above.size else st.valid[t[i]] - 1)
+
+
+@pytest.mark.parametrize("budget", spec.BUDGETS)
+def test_counts_from_external_stats_arrays(budget):
+    """GPU tests can feed their own m, l, cum; the reference's own arrays reproduce its counts."""
+    rs = np.random.default_rng(10)
+    n = 150
+    scores = rs.standard_normal((5, n)) * 2
+    keys = rng.head_key(1, 2, 3, 4, np.arange(5))
+    st = ref.tile_stats(scores, n, 64)
+    rows_cum = st.cum.reshape(5, -1)[:, :n]
+    ext = ref.stats_from_arrays(st.m, st.l, rows_cum, n, 64)
+    np.testing.assert_array_equal(ext.cum, st.cum)
+    for sampler in spec.SAMPLERS:
+        kw = dict(samples=40, sampler=sampler, budget=budget)
+        np.testing.assert_array_equal(
+            ref.counts_from_stats(ext, keys, **kw), ref.counts_from_scores(scores, keys, n, block_n=64, **kw)
+        )
+
+
 def test_local_systematic_equals_locating_each_comb_point():
     """Closed-form counts == locate every point (i + U)/S_t of the tile comb (fixed systematic)."""
     rs = np.random.default_rng(6)
