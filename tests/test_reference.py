@@ -440,3 +440,29 @@ def test_santa_converges_to_dense_with_many_samples(dtype):
     err_many = np.linalg.norm(o_many - o_dense) / np.linalg.norm(o_dense)
     assert err_many < 0.02 and err_many < err_few / 4
     assert np.all(spread_many < spread_few)
+
+
+@pytest.mark.parametrize("budget", spec.BUDGETS)
+@pytest.mark.parametrize("sampler", spec.SAMPLERS)
+def test_edge_lengths_and_underflowing_tiles(budget, sampler):
+    q, k, v, _ = make_inputs(B=3, H=2, KVH=1, L=256, lengths=(1, 128, 256))
+    lengths = np.array([1, 128, 256])
+    # sequence 2: scores +500 in tile 0 and -500 in tile 1, so W_1 = exp(-1000) = 0 in float64
+    q[2] = 0.0
+    q[2, :, 0] = 4000.0
+    k[2, :128, 0, 0] = 1.0
+    k[2, 128:, 0, 0] = -1.0
+    o, lse, rows_read, spread, c = ref.santa_attention(
+        q, k, v, lengths, samples=8, sampler=sampler, budget=budget, block_n=128
+    )
+    o_dense, _ = ref.dense_attention(q, k, v, lengths)
+    assert np.all(np.isfinite(o)) and np.all(np.isfinite(spread)) and np.all(np.isfinite(lse))
+    np.testing.assert_array_equal(c[0, :, 0], 8)  # one row takes every sample
+    np.testing.assert_allclose(o[0], o_dense[0], rtol=1e-12)
+    assert np.all(rows_read[0] == 1)
+    assert np.all(c.sum(axis=-1)[:2] == 8)
+    if budget != "fixed":  # a zero-weight tile is never sampled
+        assert np.all(c[2, :, 128:] == 0) and np.all(c[2].sum(axis=-1) == 8)
+    else:  # fixed samples it anyway, with weight 0 in the estimate
+        assert np.all(c[2, :, 128:].sum(axis=-1) == 4)
+    np.testing.assert_allclose(o[2], (c[2, :, :128] @ ref.to_float64(v)[2, :128, 0]) / (8 if budget != "fixed" else 4))
