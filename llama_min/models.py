@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -93,6 +94,17 @@ def _download_wheel(dest: Path, progress: bool) -> Path:
     return wheel
 
 
+def _remove_stale_temp_dirs(root: Path, max_age_s: float = 3600.0):
+    """Remove what a killed pull/convert left behind (hidden temp dirs older than an hour)."""
+    now = time.time()
+    for d in root.glob(".pull-*"):
+        try:
+            if d.is_dir() and now - d.stat().st_mtime > max_age_s:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def pull_default(progress: bool = True, *, force: bool = False) -> Path:
     """Download and convert the default model if it is not cached yet; return its directory."""
     from llama_min.gguf_convert import convert_gguf
@@ -101,6 +113,7 @@ def pull_default(progress: bool = True, *, force: bool = False) -> Path:
     if _is_checkpoint(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temp_dirs(final.parent)
     # Everything happens in a temporary directory beside the final one; a rename publishes it,
     # so an interrupted pull leaves no half-written model behind.
     with tempfile.TemporaryDirectory(prefix=f".pull-{DEFAULT_MODEL}-", dir=final.parent) as tmp:
@@ -158,7 +171,7 @@ def resolve_model(name_or_path: str | os.PathLike | None = None, *, progress: bo
         final = models_dir() / path.stem
         if not _is_checkpoint(final):
             final.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix=f".convert-{path.stem}-", dir=final.parent) as tmp:
+            with tempfile.TemporaryDirectory(prefix=f".pull-{path.stem}-", dir=final.parent) as tmp:
                 staged = convert_gguf(path, Path(tmp) / path.stem, progress=True if progress else None)
                 os.replace(staged, final)
         return final

