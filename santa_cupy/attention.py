@@ -1,0 +1,266 @@
+"""The public entry points: ``decode_attention`` (one call) and ``DecodePlan`` (repeated calls).
+
+NumPy inputs run the float64 reference (santa_cupy.reference); CuPy inputs (or any GPU array that
+speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ through a DecodePlan.
+
+GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
+  dense:  decode_dense_partial (split-KV) -> santa_merge
+  santa fixed:  santa_tile (score + sample + gather fused) -> santa_merge
+  santa global / largest_remainder:  santa_score -> santa_prefix -> santa_tile -> santa_merge
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from santa_cupy import interop, kernels, reference, spec
+
+STORAGE_DTYPE = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
+DEFAULT_BLOCK_N = {"dense": {64: 64, 128: 64, 256: 64}, "santa": {64: 128, 128: 128, 256: 64}}
+
+
+@dataclass
+class AttentionInfo:
+    """Diagnostics of one call (arrays of the input's array library).
+
+    lse [B, H] float32: log-sum-exp of the scaled scores.
+    rows_read [B, KVH] int32: distinct V rows read (union over the GQA group); dense: lengths.
+    spread [B, H] float32: estimated standard error of o, RMS over the D coordinates (0 for dense).
+    counts [B, H, L_max] int32 sample counts (NumPy path, or GPU with ``return_counts``); else None.
+    """
+
+    lse: Any
+    rows_read: Any
+    spread: Any
+    counts: Any = None
+
+
+def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
+                     budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
+                     return_info=False, return_counts=False):
+    """One decode step of attention for every sequence and head.
+
+    q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
+    dtypes: float16, bfloat16 (as uint16 bit patterns) or float32, the same for q, k and v; the
+    output o [B, H, D] has that dtype. ``method`` "dense" is exact; "santa" samples ``samples``
+    value rows per head (``sampler`` iid | stratified | systematic, ``budget`` fixed | global |
+    largest_remainder), reproducibly from (seed, step, layer). Returns o, or (o, AttentionInfo).
+    """
+    q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+    block_n = block_n or DEFAULT_BLOCK_N[method if method in spec.METHODS else "santa"].get(
+        q.shape[-1] if getattr(q, "ndim", 0) == 3 else 128, spec.DEFAULT_BLOCK_N)
+    shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
+                                        sampler=sampler, budget=budget, scale=scale, block_n=block_n)
+    _check_int("seed", seed, 0, 2**64 - 1)
+    _check_int("step", step, 0, 2**63 - 1)
+    _check_int("layer", layer, 0, 2**32 - 1)
+    if not spec.is_cupy_array(q):
+        return _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
+                               seed, step, layer, block_n, return_info)
+    plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
+                      max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
+                      sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
+                      step=step)
+    o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False)
+    if not (return_info or return_counts):
+        return o
+    info = plan.info()
+    if return_counts and method == "santa":
+        info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer)
+    return o, info
+
+
+def _check_int(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget, seed, step,
+                    layer, block_n, return_info):
+    out_dtype = shape.dtype_name
+    if method == "dense":
+        o, lse = reference.dense_attention(q, k_cache, v_cache, lengths, shape.scale)
+        info = AttentionInfo(lse=lse.astype(np.float32),
+                             rows_read=np.repeat(np.asarray(lengths, np.int32)[:, None], shape.KVH, axis=1),
+                             spread=np.zeros((shape.B, shape.H), np.float32))
+    else:
+        o, lse, rows_read, spread, counts = reference.santa_attention(
+            q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
+            step=step, layer=layer, scale=shape.scale, block_n=block_n)
+        info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
+                             spread=spread.astype(np.float32), counts=counts)
+    o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
+    return (o, info) if return_info else o
+
+
+class DecodePlan:
+    """Preallocated workspaces and kernels for repeated decode-attention calls of one shape on the GPU.
+
+    ``run`` allocates nothing, never syncs with the host and can be captured in a CUDA graph. The
+    RNG step lives on the device (``plan.step``, int64 [1]); ``advance()`` adds one there, so a graph
+    that ends with ``advance()`` draws fresh samples on every replay. One plan serves every layer of a
+    model (``layer`` is a field of the RNG counter); outputs are overwritten by the next ``run``.
+    """
+
+    def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
+                 samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0):
+        import cupy
+
+        spec._check_choice("method", method, spec.METHODS)
+        spec._check_choice("sampler", sampler, spec.SAMPLERS)
+        spec._check_choice("budget", budget, spec.BUDGETS)
+        spec._check_samples(samples)
+        if heads % kv_heads or not 1 <= heads // kv_heads <= spec.MAX_G:
+            raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "
+                             f"got heads={heads}, kv_heads={kv_heads}")
+        if head_dim not in spec.HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {spec.HEAD_DIMS}, got {head_dim}")
+        if dtype not in spec.GPU_DTYPES:
+            raise ValueError(f"dtype must be one of {spec.GPU_DTYPES}, got {dtype!r}")
+        self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
+        self.G = heads // kv_heads
+        self.dtype, self.method, self.samples = dtype, method, int(samples)
+        self.sampler, self.budget, self.seed = sampler, budget, int(seed)
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.block_n = block_n or DEFAULT_BLOCK_N[method][head_dim]
+        spec._check_block_n(self.block_n)
+        self.kernels = kernels.get_kernels(dtype, head_dim, self.block_n)
+        self.step = cupy.full((1,), int(step), dtype=cupy.int64)
+        self.T_max = -(-max_length // self.block_n)
+        if method == "dense":
+            self.tiles_per_split, self.P_max = self._dense_splits()
+        else:
+            self.P_max = self.T_max
+        B, H, P, D = batch, heads, self.P_max, head_dim
+        self.part_o = cupy.empty((B, H, P, D), cupy.float32)
+        self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
+        two_pass = method == "santa" and budget != "fixed"
+        self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
+        self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
+        self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
+        self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
+        self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
+        self.lse = cupy.empty((B, H), cupy.float32)
+        self.spread = cupy.empty((B, H), cupy.float32)
+        self._lengths = None         # int32 copy of lengths when the caller's are not int32
+        self._last_lengths = None
+        self._no_counts = cupy.zeros((1,), cupy.int32)
+
+    def _dense_splits(self):
+        """Tiles per split so that B * KVH * splits fills the GPU a few times over."""
+        import cupy
+
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
+        tiles_per_split = max(1, math.ceil(self.T_max / want))
+        return tiles_per_split, math.ceil(self.T_max / tiles_per_split)
+
+    # ---- launches ---------------------------------------------------------------------------
+    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
+        """o [B, H, D] for this step (written into ``out`` or the plan's own buffer)."""
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        if validate:
+            shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
+                                                samples=self.samples, sampler=self.sampler, budget=self.budget,
+                                                scale=self.scale, block_n=self.block_n,
+                                                check_lengths=False, check_finite=False)
+            got = (shape.B, shape.H, shape.KVH, shape.D, shape.L_max, shape.dtype_name)
+            want = (self.B, self.H, self.KVH, self.D, self.L_max, self.dtype)
+            if got != want:
+                raise ValueError(f"inputs (B, H, KVH, D, L_max, dtype)={got} do not match the plan's {want}")
+        lengths = self._int32_lengths(lengths)
+        self._last_lengths = lengths
+        out = self.out if out is None else out
+        K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
+        B, H, KVH, D, BN, G = self.B, self.H, self.KVH, self.D, self.block_n, self.G
+        args_common = (f32(self.scale),)
+        if self.method == "dense":
+            kernels.launch(K.dense, (self.P_max, KVH, B),
+                           (q, k_cache, v_cache, lengths, *args_common, i32(self.tiles_per_split), i32(H),
+                            i32(KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
+                           kernels.dense_smem_bytes(self.dtype, D, BN, G))
+            self._merge(lengths, out, kernels.MERGE_DENSE, self.tiles_per_split * BN)
+            return out
+        self.rows_read.fill(0)
+        if self.budget != "fixed":
+            kernels.launch(K.score, (self.T_max, KVH, B),
+                           (q, k_cache, lengths, *args_common, i32(H), i32(KVH), i64(self.L_max),
+                            i32(self.T_max), self.scores, self.part_s),
+                           kernels.score_smem_bytes(self.dtype, D, BN, G))
+            kernels.launch(K.prefix, (H, B),
+                           (self.part_s, lengths, i64(self.L_max), i32(H), i32(BN), i32(self.T_max), i32(self.samples),
+                            i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
+                           threads=kernels.PREFIX_THREADS)
+        self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
+        kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
+        self._merge(lengths, out, kind, BN)
+        return out
+
+    def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
+        K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
+        rows_read = self.rows_read
+        kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
+                       (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
+                        i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
+                        i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
+                        i32(kernels.MODE_CODE[mode]), u64(self.seed), self.step, i32(layer), self.scores,
+                        self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read),
+                       kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G, self.budget))
+
+    def _merge(self, lengths, out, kind, part_rows):
+        i32 = kernels.i32
+        kernels.launch(self.kernels.merge, (self.H, self.B),
+                       (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows), i32(self.P_max),
+                        i32(kind), i32(self.samples), out, self.lse, self.spread))
+
+    def _int32_lengths(self, lengths):
+        import cupy
+
+        if lengths.dtype == cupy.int32:
+            return lengths
+        if self._lengths is None:
+            self._lengths = cupy.empty((self.B,), cupy.int32)
+        self._lengths[...] = lengths        # a device-side cast, no host sync
+        return self._lengths
+
+    def advance(self, n=1):
+        """Advance the device step counter (capturable: a graph ending with this draws new samples)."""
+        for _ in range(n):
+            kernels.launch(self.kernels.advance, (1,), (self.step,), threads=1)
+
+    def info(self) -> AttentionInfo:
+        """Diagnostics of the last run (views of the plan's buffers)."""
+        if self.method == "dense":
+            import cupy
+            rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
+            return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread)
+        return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread)
+
+    def sample_counts(self, q, k_cache, lengths, *, layer=0):
+        """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).
+
+        Re-runs the score stage, so the stash and stats match the last ``run`` for the same inputs.
+        """
+        import cupy
+
+        q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths)
+        lengths = self._int32_lengths(lengths)
+        counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
+        K, i32, i64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.f32
+        if self.budget != "fixed":
+            kernels.launch(K.score, (self.T_max, self.KVH, self.B),
+                           (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
+                            i64(self.L_max), i32(self.T_max), self.scores, self.part_s),
+                           kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G))
+            kernels.launch(K.prefix, (self.H, self.B),
+                           (self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
+                            i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
+                           threads=kernels.PREFIX_THREADS)
+        self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts)
+        return counts
