@@ -1,0 +1,173 @@
+"""GPU kernels against the NumPy reference (marker gpu; skipped without CuPy and a GPU).
+
+Awkward sizes: lengths 1, BN-1, BN+1, odd, and one 100k sequence; every G in {1, 3, 4, 8};
+D 64/128/256; fp16/bf16 (fp32 too). Outputs are poisoned with NaN before each call.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from santa_cupy import DecodePlan, decode_attention, reference, spec
+from tests.gpu_util import DENSE_TOL, random_inputs, rel_l2, requires_gpu, to_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+GROUPS = (1, 3, 4, 8)
+DIMS = (64, 128, 256)
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _lengths(block_n):
+    return [1, block_n - 1, block_n + 1, 3 * block_n + 17]
+
+
+def _poisoned_plan(**kw):
+    import cupy
+    plan = DecodePlan(**kw)
+    plan.out.view(cupy.uint8).fill(0xFF)                    # all-ones bits: NaN in every dtype
+    plan.lse.fill(cupy.nan)
+    plan.spread.fill(cupy.nan)
+    return plan
+
+
+def _as_float(x):
+    x = x.get() if hasattr(x, "get") else x
+    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype,D,G", list(itertools.product(DTYPES, DIMS, GROUPS)))
+def test_dense_matches_reference(dtype, D, G):
+    rng = np.random.default_rng(hash((dtype, D, G)) % 2**32)
+    KVH = 2
+    block_n = 64
+    lengths = _lengths(block_n)
+    B, L_max = len(lengths), max(lengths) + 5
+    q, k, v, lens = random_inputs(rng, B, G * KVH, KVH, D, L_max, lengths, dtype)
+    ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
+    plan = _poisoned_plan(batch=B, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype,
+                          method="dense", block_n=block_n)
+    o = plan.run(*to_gpu(q, k, v, lens))
+    o = _as_float(o)
+    assert np.isfinite(o).all(), "output not fully written"
+    assert rel_l2(o, ref_o) < DENSE_TOL[dtype]
+    assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dense_long_context_100k(dtype):
+    rng = np.random.default_rng(7)
+    lengths = [100_000, 99_999 - 64]
+    q, k, v, lens = random_inputs(rng, 2, 32, 8, 128, 100_003, lengths, dtype)
+    ref_o, _ = reference.dense_attention(q, k, v, lens)
+    o = decode_attention(*to_gpu(q, k, v, lens), method="dense")
+    assert rel_l2(_as_float(o), ref_o) < DENSE_TOL[dtype]
+
+
+SAMPLING = list(itertools.product(spec.BUDGETS, spec.SAMPLERS))
+
+
+def _count_mismatch(gpu, ref):
+    """Total |difference| of counts: comb points that moved to another row (boundary flips) x 2."""
+    return int(np.abs(gpu.astype(np.int64) - ref).sum())
+
+
+@pytest.mark.parametrize("budget,sampler", SAMPLING)
+@pytest.mark.parametrize("G,D,dtype", [(1, 64, "bfloat16"), (3, 128, "float16"), (4, 128, "bfloat16"),
+                                       (8, 256, "float32")])
+def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
+    rng = np.random.default_rng(hash((budget, sampler, G, D)) % 2**32)
+    KVH, block_n, S = 2, 64, 96
+    lengths = _lengths(block_n)
+    B, L_max = len(lengths), max(lengths) + 3
+    H = G * KVH
+    q, k, v, lens = random_inputs(rng, B, H, KVH, D, L_max, lengths, dtype, peak=2.0)
+    kw = dict(samples=S, sampler=sampler, budget=budget, seed=1234, step=5, layer=3, block_n=block_n)
+    ref_counts = reference.sample_counts(q, k, lens, **{k_: v_ for k_, v_ in kw.items()})
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    o, info = decode_attention(qg, kg, vg, lg, method="santa", return_info=True, return_counts=True, **kw)
+    counts = info.counts.get()
+    total = int(ref_counts.sum())
+    flips = _count_mismatch(counts, ref_counts)
+    print(f"{budget}/{sampler} G={G} D={D}: {flips} count differences out of {total} samples")
+    assert flips <= max(2, total // 500), f"{flips} count differences (comb-boundary flips) of {total}"
+    if budget != "fixed":                                      # exactly S samples per head
+        assert (counts.sum(-1) == S).all()
+    # the output is the reference estimator applied to the GPU's own counts
+    scores = reference.head_scores(q, k, lens)
+    v64 = reference.to_float64(v)
+    o = _as_float(o)
+    for b, n in enumerate(lengths):
+        cg = counts[b, :, :n].reshape(KVH, G, n)
+        want, want_spread = reference.estimate(cg, scores[b, :, :n].reshape(KVH, G, n),
+                                               v64[b, :n].transpose(1, 0, 2)[:, None],
+                                               samples=S, budget=budget, block_n=block_n)
+        assert rel_l2(o[b], want.reshape(H, D)) < DENSE_TOL[dtype] + 1e-4
+        assert np.allclose(info.spread.get()[b], want_spread.reshape(H), rtol=2e-2, atol=1e-4)
+        assert (info.rows_read.get()[b] == (cg > 0).any(axis=1).sum(-1)).all()
+
+
+@pytest.mark.parametrize("budget,sampler", [("global", "systematic"), ("global", "stratified"),
+                                            ("global", "iid"), ("fixed", "systematic"), ("fixed", "iid")])
+def test_santa_unbiased_over_steps_on_gpu(budget, sampler):
+    """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate."""
+    import cupy
+    rng = np.random.default_rng(11)
+    lengths = [300]
+    q, k, v, lens = random_inputs(rng, 1, 4, 1, 64, 300, lengths, "float32", peak=1.5)
+    exact, _ = reference.dense_attention(q, k, v, lens)
+    plan = DecodePlan(batch=1, heads=4, kv_heads=1, head_dim=64, max_length=300, dtype="float32",
+                      samples=16, sampler=sampler, budget=budget, seed=99, block_n=64)
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    runs = []
+    for _ in range(600):
+        runs.append(plan.run(qg, kg, vg, lg, validate=False).copy())
+        plan.advance()
+    est = cupy.stack(runs).get().astype(np.float64)          # [600, 1, 4, 64]
+    mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(len(runs))
+    z = np.abs(mean - exact) / np.maximum(se, 1e-12)
+    assert np.mean(z < 4) > 0.995, f"max z {z.max():.1f}"
+    assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
+
+
+def test_graph_replay_draws_new_samples():
+    import cupy
+    rng = np.random.default_rng(3)
+    q, k, v, lens = random_inputs(rng, 2, 8, 2, 128, 700, [700, 333], "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=700, dtype="bfloat16",
+                      samples=32, seed=5)
+    plan.run(qg, kg, vg, lg, validate=False)                  # compile + warm up outside capture
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        plan.run(qg, kg, vg, lg, validate=False)
+        plan.advance()
+        graph = stream.end_capture()
+    plan.step.fill(0)
+    outs = []
+    for _ in range(3):
+        graph.launch(stream)
+        stream.synchronize()
+        outs.append(plan.out.get().copy())
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
+    assert int(plan.step.get()[0]) == 3
+    for step, got in enumerate(outs):                          # replay == eager call at that step
+        eager = decode_attention(qg, kg, vg, lg, samples=32, seed=5, step=step).get()
+        assert np.array_equal(got, eager)
+
+
+def test_gpu_rejects_bad_lengths_and_mixed_arrays():
+    rng = np.random.default_rng(0)
+    q, k, v, lens = random_inputs(rng, 1, 4, 2, 64, 50, [50], "float16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    with pytest.raises(ValueError, match="lengths"):
+        decode_attention(qg, kg, vg, lg + 1)
+    with pytest.raises(TypeError):
+        decode_attention(qg, k, vg, lg)
+    with pytest.raises(ValueError, match="q"):
+        bad = qg.copy()
+        bad[0, 0, 0] = np.nan
+        decode_attention(bad, kg, vg, lg)

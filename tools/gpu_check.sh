@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, memcheck on a small case, and the quick benchmark.
+#   bash tools/gpu_check.sh [pytest -k expression]
+# Logs go to $OUT (the device tool's output folder) or ./out.
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+K=${1:-}
+python3 -m pytest -m gpu -q -rs -x --timeout=900 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+if [ -z "${SKIP_SANITIZER:-}" ]; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
+  echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses"; tail -3 "$OUT/memcheck.log"
+fi
+if [ -z "${SKIP_BENCH:-}" ] && [ -f bench.py ]; then
+  python3 bench.py kernels --quick --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>"$OUT/bench.err" | tail -30
+  tail -5 "$OUT/bench.err"
+fi

@@ -1,0 +1,26 @@
+"""A small decode-attention workload for `compute-sanitizer --tool memcheck` (every method/budget)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cupy  # noqa: E402
+
+from santa_cupy import decode_attention, spec  # noqa: E402
+
+rng = np.random.default_rng(0)
+B, H, KVH, D, L = 3, 8, 2, 64, 200
+lengths = np.array([1, 63, 200], np.int32)
+q = spec.from_float32(rng.standard_normal((B, H, D)).astype(np.float32), "bfloat16", np)
+k = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
+v = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
+q, k, v, lengths = (cupy.asarray(a) for a in (q, k, v, lengths))
+decode_attention(q, k, v, lengths, method="dense")
+for budget in spec.BUDGETS:
+    for sampler in spec.SAMPLERS:
+        decode_attention(q, k, v, lengths, samples=40, sampler=sampler, budget=budget, block_n=64,
+                         return_counts=True)
+cupy.cuda.Device().synchronize()
+print("sanitizer case done")
