@@ -117,6 +117,7 @@ class LlamaModel:
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))   # [P, D/2]
         self.sin = xp.asarray(np.sin(ang).astype(np.float32))
         self._aranges = {}
+        self._gemm = None          # set by GraphDecoder while warming up / capturing
 
     # ------------------------------------------------------------------ loading
 
@@ -201,7 +202,7 @@ class LlamaModel:
         """x [N, d] f32, cos/sin [N, 1, D/2] -> q [N,H,D], k [N,KVH,D] (f32, rotated), v [N,KVH,D]."""
         N, H, KVH, D = x.shape[0], self.H, self.KVH, self.D
         h = self._rmsnorm(x, lw["attn_norm"]).astype(self.mm_dtype)
-        qkv = (h @ lw["wqkv"].T).astype(np.float32, copy=False)     # [N, (H+2KVH)D]
+        qkv = self._linear(h, lw["wqkv"]).astype(np.float32, copy=False)     # [N, (H+2KVH)D]
         q = qkv[:, :H * D].reshape(N, H, D)
         k = qkv[:, H * D:(H + KVH) * D].reshape(N, KVH, D)
         v = qkv[:, (H + KVH) * D:].reshape(N, KVH, D)
@@ -210,17 +211,24 @@ class LlamaModel:
     def _out_mlp(self, lw, x, o):
         """Residual update: x [N,d] f32, attention output o [N, H*D] -> x after o_proj and MLP."""
         xp, mm = self.xp, self.mm_dtype
-        x = x + (o.astype(mm, copy=False) @ lw["wo"].T).astype(np.float32, copy=False)
+        x = x + self._linear(o.astype(mm), lw["wo"]).astype(np.float32, copy=False)
         h = self._rmsnorm(x, lw["mlp_norm"]).astype(mm)
-        gu = (h @ lw["w_gu"].T).astype(np.float32, copy=False)       # [N, 2I]
+        gu = self._linear(h, lw["w_gu"]).astype(np.float32, copy=False)       # [N, 2I]
         I = gu.shape[1] // 2
         g = gu[:, :I]
         a = g * (0.5 * (1.0 + xp.tanh(0.5 * g))) * gu[:, I:]           # silu(gate) * up
-        return x + (a.astype(mm) @ lw["w_down"].T).astype(np.float32, copy=False)
+        return x + self._linear(a.astype(mm), lw["w_down"]).astype(np.float32, copy=False)
 
     def _head(self, x):                             # x [N, d] f32 -> logits [N, V] f32
         h = self._rmsnorm(x, self.w["norm"]).astype(self.mm_dtype)
-        return (h @ self.w["lm_head"].T).astype(np.float32, copy=False)
+        return self._linear(h, self.w["lm_head"]).astype(np.float32, copy=False)
+
+    def _linear(self, x, w):
+        """x [N, K] @ w[N_out, K].T -> [N, N_out] (cuBLAS through ctypes while a graph is captured,
+        since CuPy refuses cuBLAS calls during stream capture)."""
+        if self._gemm is not None:
+            return self._gemm(x, w)
+        return x @ w.T
 
     def _arange(self, n):
         if n not in self._aranges:
@@ -247,10 +255,11 @@ class LlamaModel:
             cache.v[li][:, start:L] = self._to_kv(v.reshape(B, T, KVH, D))
             kk = self._from_kv(cache.k[li][:, :L], cdt)                       # [B, L, KVH, D]
             vv = self._from_kv(cache.v[li][:, :L], cdt)
-            qg = xp.ascontiguousarray(q.reshape(B, T, KVH, G, D).transpose(0, 2, 3, 1, 4), dtype=cdt)
+            qg = xp.ascontiguousarray((q * np.float32(self.scale)).reshape(B, T, KVH, G, D)
+                                      .transpose(0, 2, 3, 1, 4), dtype=cdt)     # [B, KVH, G, T, D]
             kt = xp.ascontiguousarray(kk.transpose(0, 2, 3, 1))[:, :, None]   # [B, KVH, 1, D, L]
             vt = xp.ascontiguousarray(vv.transpose(0, 2, 1, 3))[:, :, None]   # [B, KVH, 1, L, D]
-            s = (qg @ kt).astype(np.float32) * np.float32(self.scale) + bias  # [B, KVH, G, T, L]
+            s = (qg @ kt).astype(np.float32) + bias                            # [B, KVH, G, T, L]
             s = xp.exp(s - s.max(-1, keepdims=True))
             p = (s / s.sum(-1, keepdims=True)).astype(cdt)
             o = (p @ vt).transpose(0, 3, 1, 2, 4).reshape(B * T, H * D)       # [B*T, H*D]
@@ -383,6 +392,71 @@ class LlamaModel:
         return self._head(x)
 
 
+class _CublasGemm:
+    """Row-major out = x @ w.T through cuBLAS called with ctypes on a private handle bound to one
+    stream, with a user workspace (no allocation inside cuBLAS), so it can run in stream capture.
+    x [N, K] and w [M, K] C-contiguous, same dtype (float16 or float32); fp32 accumulation."""
+
+    _CUDA_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 2}   # CUDA_R_32F, CUDA_R_16F
+    _COMPUTE_32F, _OP_N, _OP_T, _ALGO_DEFAULT = 68, 0, 1, -1
+    WORKSPACE = 32 << 20
+
+    def __init__(self, stream):
+        import ctypes
+        import cupy
+        self._ct, self._cp = ctypes, cupy
+        self.lib = ctypes.CDLL(self._find_lib())
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream.ptr)), "cublasSetStream")
+        self.workspace = cupy.empty((self.WORKSPACE,), cupy.uint8)
+        self._check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
+                                                   ctypes.c_size_t(self.WORKSPACE)), "cublasSetWorkspace")
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    @staticmethod
+    def _find_lib():
+        import cupy
+        cupy.cuda.device.get_cublas_handle()          # makes CuPy load its libcublas
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                name = path.rsplit("/", 1)[-1]
+                if name.startswith("libcublas.so"):
+                    return path
+        import ctypes.util
+        found = ctypes.util.find_library("cublas")
+        if found is None:
+            raise RuntimeError("GraphDecoder: cannot locate libcublas")
+        return found
+
+    def _check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def __call__(self, x, w):
+        cp, ct = self._cp, self._ct
+        N, K = x.shape
+        M = w.shape[0]
+        if x.dtype != w.dtype or not (x.flags.c_contiguous and w.flags.c_contiguous):
+            x = cp.ascontiguousarray(x, dtype=w.dtype)
+        out = cp.empty((N, M), w.dtype)
+        t = self._CUDA_TYPE[np.dtype(w.dtype)]
+        # column-major view: out^T [M, N] = op_T(w as [K, M]) @ x^T [K, N]
+        st = self.lib.cublasGemmEx(
+            self.handle, self._OP_T, self._OP_N, ct.c_int(M), ct.c_int(N), ct.c_int(K),
+            ct.byref(self.one), ct.c_void_p(w.data.ptr), t, ct.c_int(K),
+            ct.c_void_p(x.data.ptr), t, ct.c_int(K), ct.byref(self.zero),
+            ct.c_void_p(out.data.ptr), t, ct.c_int(M), self._COMPUTE_32F, self._ALGO_DEFAULT)
+        self._check(st, "cublasGemmEx")
+        return out
+
+    def close(self):
+        if self.handle:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = self._ct.c_void_p()
+
+
 class GraphDecoder:
     """One GPU decode step captured as a CUDA graph (cupy.cuda.Graph).
 
@@ -402,7 +476,9 @@ class GraphDecoder:
         import cupy
         import santa_cupy
         self.model, self.cache, self.attention = model, cache, attention
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        # A blocking (non-default) stream: work on the legacy default stream, e.g. cupy.asnumpy
+        # of the logits or the next token upload, waits for the replayed graph implicitly.
+        self.stream = cupy.cuda.Stream(non_blocking=False)
         self.pool = cupy.cuda.MemoryPool()
         att = attention
         self.plan = None
@@ -415,19 +491,26 @@ class GraphDecoder:
         else:
             raise RuntimeError("GraphDecoder with method='santa' needs santa_cupy.DecodePlan "
                                "(a device step counter); use model.decode() instead")
-        with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
-            self.tokens = cupy.zeros((cache.batch,), cupy.int32)
-            # Warm-up (compiles kernels, fills the private pool); writes K/V at the current
-            # position, which the first replay overwrites; nothing advances.
-            model._decode_core(self.tokens, cache, attn)
+        self.gemm = _CublasGemm(self.stream)       # CuPy refuses its own cuBLAS calls in capture
+        model._gemm = self.gemm
+        try:
+            with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
+                self.tokens = cupy.zeros((cache.batch,), cupy.int32)
+                # Warm-up (compiles kernels, fills the private pool); writes K/V at the current
+                # position, which the first replay overwrites; nothing advances.
+                model._decode_core(self.tokens, cache, attn)
+                self.stream.synchronize()
+                self.stream.begin_capture()
+                try:
+                    self.logits = model._decode_core(self.tokens, cache, attn)
+                    cache.lengths += 1                   # on device, inside the graph
+                    if self.plan is not None:
+                        self.plan.advance()              # device step counter
+                finally:
+                    self.graph = self.stream.end_capture()
             self.stream.synchronize()
-            self.stream.begin_capture()
-            self.logits = model._decode_core(self.tokens, cache, attn)
-            cache.lengths += 1                       # on device, inside the graph
-            if self.plan is not None:
-                self.plan.advance()                  # device step counter
-            self.graph = self.stream.end_capture()
-        self.stream.synchronize()
+        finally:
+            model._gemm = None
 
     def replay(self, tokens):
         """tokens [B] (host or device ints) -> logits [B, V] float32 (static device buffer)."""

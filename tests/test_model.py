@@ -347,3 +347,86 @@ def test_decode_errors(tmp_path):
         model.decode(np.array([1]), cache)
     with pytest.raises(ValueError, match="device"):
         LlamaModel.from_pretrained(path, device="tpu")
+
+
+# ------------------------------------------------------------------ GPU (CuPy) path
+
+gpu = pytest.mark.gpu
+
+
+def _cupy():
+    cp = pytest.importorskip("cupy")
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver
+        n = 0
+    if n < 1:
+        pytest.skip("no CUDA device")
+    return cp
+
+
+@gpu
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-3), ("float16", 3e-2), ("bfloat16", 3e-2)])
+def test_gpu_matches_reference(tmp_path, dtype, tol):
+    cp = _cupy()
+    path, W, cfg = make_tiny(tmp_path, H=8, KVH=2, rope_scaling=True, tied=False, wdtype="BF16")
+    ids = [3, 17, 5, 0, 30, 8, 8, 21, 11, 2]
+    ref = ref_logits_all(W, cfg, ids)
+    model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
+    _close(cp.asnumpy(model.logits_all(ids)), ref, tol)
+    cache = model.new_cache(1, 16)
+    _close(cp.asnumpy(model.prefill(np.array([ids[:4]]), cache))[0], ref[3], tol)
+    for t in range(4, len(ids)):
+        _close(cp.asnumpy(model.decode(np.array([ids[t]]), cache))[0], ref[t], tol)
+    assert int(cache.lengths[0]) == len(ids) == cache.length
+
+
+@gpu
+@pytest.mark.parametrize("method,dtype", [("dense", "float32"), ("santa", "float32"), ("santa", "float16"),
+                                          ("dense", "bfloat16")])
+def test_graph_decoder_matches_eager(tmp_path, method, dtype):
+    cp = _cupy()
+    from llama_min.model import GraphDecoder
+    path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
+    model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
+    att = AttentionConfig(method=method, samples=64, seed=3)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, cfg["vocab_size"], size=(2, 9))
+    steps = rng.integers(0, cfg["vocab_size"], size=(6, 2))
+    c1, c2 = model.new_cache(2, 20), model.new_cache(2, 20)
+    model.prefill(prompt, c1)
+    model.prefill(prompt, c2)
+    eager = [cp.asnumpy(model.decode(t, c1, att)) for t in steps]
+    gd = GraphDecoder(model, c2, att)
+    graph = [cp.asnumpy(gd.replay(t)) for t in steps]
+    np.testing.assert_allclose(np.array(graph), np.array(eager), rtol=1e-4, atol=1e-4)
+    assert c2.length == c1.length and c2.step == c1.step
+    np.testing.assert_array_equal(cp.asnumpy(c2.lengths), cp.asnumpy(c1.lengths))
+    np.testing.assert_array_equal(cp.asnumpy(c2.k[1]), cp.asnumpy(c1.k[1]))
+    if method == "santa":       # the device step counter advanced: steps differ from each other
+        assert not np.allclose(graph[0], graph[1])
+
+
+@gpu
+def test_gpu_long_prompt_chunked_and_santa(tmp_path):
+    cp = _cupy()
+    from llama_min.generate import generate
+    path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=2048, rope_scaling=True)
+    cpu = LlamaModel.from_pretrained(path)
+    g = LlamaModel.from_pretrained(path, device="gpu", dtype="float32")
+    ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], size=1100)
+    np.testing.assert_allclose(cp.asnumpy(g.logits_all(ids)), cpu.logits_all(ids), rtol=1e-3, atol=2e-3)
+    c_cpu, c_gpu = cpu.new_cache(1, 1200), g.new_cache(1, 1200)
+    a = cpu.prefill(ids[None], c_cpu)
+    b = cp.asnumpy(g.prefill(ids[None], c_gpu))
+    np.testing.assert_allclose(b, a, rtol=1e-3, atol=2e-3)
+    dense = cp.asnumpy(g.decode(np.array([5]), c_gpu))
+    c2 = g.new_cache(1, 1200)
+    g.prefill(ids[None], c2)
+    santa = cp.asnumpy(g.decode(np.array([5]), c2, AttentionConfig(method="santa", samples=1 << 15)))
+    _close(santa, dense, tol=3e-2)
+    r1 = generate(g, list(ids[:50]), max_new_tokens=8)
+    r2 = generate(g, list(ids[:50]), max_new_tokens=8, use_graph=True)
+    r3 = generate(cpu, list(ids[:50]), max_new_tokens=8)
+    assert r1.generated_tokens == r3.generated_tokens, (r1.generated_tokens, r3.generated_tokens)
+    assert r2.generated_tokens == r3.generated_tokens, (r2.generated_tokens, r3.generated_tokens)
