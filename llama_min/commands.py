@@ -50,7 +50,8 @@ def _log(msg):
 @click.option("--samples", type=click.IntRange(min=1), default=256, show_default=True, help="SANTA samples per head.")
 @click.option("--sampler", type=click.Choice(["iid", "stratified", "systematic"]), default="systematic", show_default=True)
 @click.option("--budget", type=click.Choice(["fixed", "global", "largest_remainder"]), default="global", show_default=True)
-@click.option("--cuda-graph/--no-cuda-graph", default=False, help="GPU: replay the decode step as a CUDA graph.")
+@click.option("--cuda-graph/--no-cuda-graph", default=None,
+              help="GPU: replay the decode step as a CUDA graph (default: on for the GPU).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def generate(model_name, prompt, prompt_file, chat, max_new_tokens, greedy, temperature, top_k, top_p,
              seed, device, dtype, method, samples, sampler, budget, cuda_graph, fmt):
@@ -71,6 +72,7 @@ def generate(model_name, prompt, prompt_file, chat, max_new_tokens, greedy, temp
     device = _pick_device(device)
     if cuda_graph and device != "gpu":
         raise click.UsageError("--cuda-graph needs --device gpu")
+    cuda_graph = device == "gpu" if cuda_graph is None else cuda_graph
 
     try:
         path = resolve_model(model_name, progress=True)
