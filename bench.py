@@ -662,6 +662,8 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
     if quick:
         shape_list, batches, contexts = [SHAPES[s] for s in QUICK["shapes"]], list(QUICK["batches"]), list(QUICK["contexts"])
     names = parse_list(methods, "methods", str) if methods else None
+    for n in names or ():
+        parse_method(n)                   # argument errors before touching the GPU
     cp = _cupy()
     torch, flashinfer = _optional_torch(), _optional_flashinfer()
     method_objs = method_list(names, full=full, quick=quick, have_torch=torch is not None,
