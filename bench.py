@@ -254,7 +254,7 @@ def e2e_table(rows: list[dict]) -> str:
 
 def header_markdown(meta: dict, ceiling: dict | None) -> str:
     out = [f"# santa-cupy bench {meta.get('command', '')}", ""]
-    for key in ("gpu", "cupy", "torch", "date", "commit", "timing"):
+    for key in ("gpu", "cupy", "torch", "flashinfer", "date", "commit", "timing", "model", "byte_floor_text"):
         if meta.get(key) is not None:
             out.append(f"- {key}: {meta[key]}")
     if ceiling:
@@ -582,16 +582,17 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
         return [dict(base, method=m.name, external=m.external, bytes=None, us=None,
                      note=f"skipped: K+V {fmt_bytes(kv_bytes(shape, B, L))} > --mem-gb") for m in methods]
     inputs = make_inputs(cp, shape, B, L, n)
+    n_inner = n * math.ceil(n_inner / n)       # every copy equally often in one graph
     rows = []
     for m in methods:
-        row = dict(base, method=m.name, external=m.external, copies=n, inner=max(n_inner, n))
+        row = dict(base, method=m.name, external=m.external, copies=n, inner=n_inner)
         try:
             if m.kind in ("dense", "santa"):
-                row.update(bench_ours(cp, m, shape, B, L, inputs, max(n_inner, n), repeats))
+                row.update(bench_ours(cp, m, shape, B, L, inputs, n_inner, repeats))
             elif m.kind == "torch" and torch is not None:
-                row.update(bench_torch(torch, cp, m, shape, B, L, inputs, max(n_inner, n), repeats, budget_bytes, l2))
+                row.update(bench_torch(torch, cp, m, shape, B, L, inputs, n_inner, repeats, budget_bytes, l2))
             elif m.kind == "flashinfer" and flashinfer is not None and torch is not None:
-                row.update(bench_flashinfer(torch, flashinfer, cp, shape, B, L, inputs, max(n_inner, n), repeats))
+                row.update(bench_flashinfer(torch, flashinfer, cp, shape, B, L, inputs, n_inner, repeats))
             else:
                 row.update(us=None, note=f"skipped: {m.kind} not importable")
         except Exception as exc:
@@ -944,6 +945,8 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
             cp.cuda.Device().synchronize()
     floor = e2e_bytes(shape, batch, L)
     meta["byte_floor"] = floor
+    meta["byte_floor_text"] = (f"weights {fmt_bytes(floor['weights'])} + KV {fmt_bytes(floor['kv'])} at context "
+                               f"{L} = {fmt_bytes(floor['total'])} per step")
     meta["timing"] = f"median of {steps} single-step replays after {warmup} warm-up replays"
     e2e_derived(rows, ceiling["read_tbps"], floor["total"])
     write_outputs(meta, ceiling, rows, e2e_table(rows), json_path=json_path, markdown_path=markdown_path)
