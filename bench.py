@@ -400,6 +400,7 @@ def time_cupy_graph(cp, fns, n_inner, repeats, warmup=3):
     """Median µs per call of fns[i % len(fns)] (i < n_inner), captured as one CUDA graph on a
     non-default stream and replayed; eager launches timed with events if capture fails.
     -> (µs, "graph" | "eager: <why>")."""
+    cp.cuda.Device().synchronize()                       # inputs were made on the default stream
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         for f in fns:                                    # compile, set smem limits, fill pools
@@ -488,7 +489,7 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
     if method.kind == "santa":
         q, k, v = inputs[0]
         plan.run(q, k, v, lengths, validate=False)
-        rows_read = int(plan.info().rows_read.sum())
+        rows_read = int(plan.info().rows_read.sum())     # int() syncs the default stream
     return {"us": us, "timing": mode, "rows_read": rows_read,
             "rows_frac": rows_read / (B * L * shape.kv_heads) if rows_read is not None else 1.0}
 
@@ -819,6 +820,7 @@ class RandomLlama:
     def capture(self, plan, use_graph=True):
         """-> (run(), stream, mode). One eager warm-up step, then a captured step (private pool)."""
         cp = self.cp
+        cp.cuda.Device().synchronize()            # weights/KV/reset ran on the default stream
         stream = cp.cuda.Stream(non_blocking=True)
         pool = cp.cuda.MemoryPool()
         gemm_obj = None

@@ -216,3 +216,61 @@ def test_cli_registers_bench():
     import cli
     assert "bench" in cli.main.commands
     assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e"}
+
+
+class _FakeCupy:
+    """Just enough of CuPy for time_cupy_graph's control flow (no GPU)."""
+
+    def __init__(self, capture_ok=True):
+        outer = self
+        self.calls, self.capture_ok = [], capture_ok
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.capturing = []
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+            def synchronize(self):
+                pass
+
+            def begin_capture(self):
+                if not outer.capture_ok:
+                    raise RuntimeError("capture not supported")
+
+            def end_capture(self):
+                n = len(outer.calls)
+                return type("G", (), {"launch": lambda g, s=None: outer.calls.append(("replay", n))})()
+
+        class Event:
+            def record(self, stream=None):
+                pass
+
+            def synchronize(self):
+                pass
+
+        class Device:
+            def synchronize(self):
+                pass
+
+        self.cuda = type("cuda", (), {"Stream": Stream, "Event": Event, "Device": Device,
+                                      "get_elapsed_time": staticmethod(lambda a, b: 2.0)})
+
+
+@pytest.mark.parametrize("capture_ok", [True, False])
+def test_time_cupy_graph_control_flow(capture_ok):
+    cp = _FakeCupy(capture_ok)
+    fns = [lambda i=i: cp.calls.append(i) for i in range(3)]
+    us, mode = bench.time_cupy_graph(cp, fns, n_inner=6, repeats=5, warmup=2)
+    assert us == pytest.approx(2000.0 / 6)                   # 2 ms per replay of 6 calls
+    assert cp.calls[:3] == [0, 1, 2]                          # warm-up of every copy first
+    if capture_ok:
+        assert mode == "graph" and cp.calls[3:9] == [0, 1, 2, 0, 1, 2]
+        assert cp.calls[9:] == [("replay", 9)] * 7            # 2 warm-up + 5 timed replays
+    else:
+        assert mode.startswith("eager: capture failed (RuntimeError")
+        assert cp.calls[3:] == [0, 1, 2, 0, 1, 2] * 7
