@@ -114,12 +114,11 @@ def generate(model_name, prompt, prompt_file, chat, max_new_tokens, greedy, temp
     else:
         out = {
             "model": str(path),
-            "prompt_tokens": len(res.prompt_tokens),
-            "generated_tokens": len(res.generated_tokens),
+            "prompt_tokens": list(res.prompt_tokens),
+            "generated_tokens": list(res.generated_tokens),
             "text": tok.decode(res.generated_tokens),
             "attention": attention.as_dict(),
             "timings": {k: t[k] for k in ("prefill_s", "decode_s", "tokens_per_s")},
-            "token_ids": res.generated_tokens,
             "stop_reason": res.stop_reason,
             "device": device,
             "dtype": model.kv_dtype,
