@@ -554,7 +554,7 @@ def write_plot(path: str, results: dict) -> None:
 
 
 def _plot_series(name: str, res: dict) -> dict:
-    entries = res["results"] if name == "model" else res
+    entries = res["results"]
     series: dict[str, tuple[list, list]] = {}
     for entry in entries.values():
         st = entry["setting"]
@@ -577,10 +577,10 @@ def _plot_series(name: str, res: dict) -> dict:
 FULL = dict(samplers="iid,stratified,systematic", budgets="global,fixed,largest_remainder",
             samples="16,64,256,1024,2048", seeds="0,1,2", context=4096, layers="all", steps=128,
             greedy_tokens=64, lengths="1024,2048,4096,8000", depths="0.1,0.5,0.9", needles=2,
-            answer_tokens=12)
+            answer_tokens=16)
 SMALL = dict(samplers="iid,systematic", budgets="global", samples="64,256", seeds="0,1",
-             context=512, layers="0,14,29", steps=24, greedy_tokens=16, lengths="512,1024",
-             depths="0.25,0.75", needles=1, answer_tokens=10)
+             context=1024, layers="0,14,29", steps=24, greedy_tokens=16, lengths="512,1024",
+             depths="0.25,0.75", needles=1, answer_tokens=16)
 
 
 def _csv(text: str, kind=str) -> list:
@@ -700,11 +700,11 @@ class Session:
         with _progress(trials, "eval retrieval") as bar:
             res = retrieval_trials(self.model, self.tok, lengths, c.depths, c.needles, self.settings,
                                    c.seeds, c.answer_tokens, c.block_n, bar)
-        return res
+        return {"lengths": lengths, "depths": c.depths, "needles": c.needles, "results": res}
 
 
 TABLES = {"kernel": lambda r: kernel_table(r["results"]), "model": model_table,
-          "retrieval": retrieval_table}
+          "retrieval": lambda r: retrieval_table(r["results"])}
 TITLES = {"kernel": "Attention output: relative L2 error vs exact float64 attention",
           "model": "Teacher forcing: next-token distributions vs dense decode",
           "retrieval": "Passcode retrieval: success rate"}
@@ -737,12 +737,12 @@ def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
         results[name] = runners[name]()
         results[name]["seconds"] = round(time.time() - t, 2)
     results["config"]["seconds"] = round(time.time() - t0, 2)
-    md = report_markdown(results)
-    click.echo(md)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1, default=_json_default)
         click.echo(f"wrote {json_path}", err=True)
+    md = report_markdown(results)
+    click.echo(md)
     if md_path:
         with open(md_path, "w") as f:
             f.write(md)

@@ -107,7 +107,7 @@ def test_kernel_table_formats_mean_std():
 
 def test_resolve_config_small_and_overrides():
     c = ev.resolve_config(True)
-    assert c.samples == [64, 256] and c.context == 512 and c.seeds == [0, 1]
+    assert c.samples == [64, 256] and c.context == 1024 and c.seeds == [0, 1]
     c = ev.resolve_config(True, samples="16,32", context=100)
     assert c.samples == [16, 32] and c.context == 100
     full = ev.resolve_config(False)
