@@ -3,7 +3,7 @@
 // grid (T_max, KVH, B), block SC_NTHREADS; one block = one tile of BN rows of one KV group.
 // Scores come from the stash of santa_score.cu (budgets global and largest_remainder) or, for
 // budget fixed, are computed here from K (one fused pass). mode:
-//   0 fused: sample, gather-add, write part_o[b,h,t,:] = sum c V and part_s[b,h,t] =
+//   0 fused: sample, gather-add (tiles without samples return early and write nothing), write part_o[b,h,t,:] = sum c V and part_s[b,h,t] =
 //            (m_t, l_t, sum c ||V||^2, ||sum c V||^2); rows_read[b,g] += distinct rows read
 //   1 sample only: write counts[b, h, j] for the tile's rows
 //   2 gather only: read counts[b, h, j] instead of sampling, then as mode 0
@@ -11,11 +11,12 @@
 //
 // Shared memory (santa_cupy/kernels.py:tile_smem_bytes):
 //   cum [G][BN] f32 | cnt [G][BN] i32 | acc [RG][G][D] f32 | m2p [RG][G] f32 | rows [BN] i32 |
-//   warp_tot [4] i32 | m, l [G] f32 | draws [G] HeadDraw | (budget fixed) Ks [BN][D+PAD] T, qs [G][D] f32
+//   warp_tot [4] i32 | m, l [G] f32 | draws [G] HeadDraw
 #include "common.cuh"
 #include "tile.cuh"
 #include "santa_sample.cuh"
 #include "santa_gather.cuh"
+#include "stream.cuh"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -25,7 +26,7 @@ __device__ __forceinline__ unsigned char* align16(unsigned char* p) {
     return reinterpret_cast<unsigned char*>((reinterpret_cast<u64>(p) + 15ull) & ~15ull);
 }
 
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
            const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
@@ -37,7 +38,6 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     constexpr int kRowGroups = SC_NTHREADS / kThreadsPerRow;
     const int t = blockIdx.x, g = blockIdx.y;
     const i64 b = blockIdx.z;
-    const int G = H / KVH;
     const int n = seq_len(lengths, b, L_max);
     const i64 row0 = (i64)t * BN;
     if (row0 >= n) return;
@@ -55,26 +55,15 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     float* m = reinterpret_cast<float*>(warp_tot + 4);
     float* l = m + G;
     HeadDraw* draws = reinterpret_cast<HeadDraw*>(align16(reinterpret_cast<unsigned char*>(l + G)));
-    T* Ks = reinterpret_cast<T*>(align16(reinterpret_cast<unsigned char*>(draws + G)));
-    float* qs = reinterpret_cast<float*>(Ks + BN * (D + SC_PAD));
 
-    for (int idx = threadIdx.x; idx < kRowGroups * G * D; idx += SC_NTHREADS) acc[idx] = 0.f;
-    for (int idx = threadIdx.x; idx < kRowGroups * G; idx += SC_NTHREADS) m2p[idx] = 0.f;
-
-    // ---- scores (into cum) and tile stats ----
+    // ---- tile stats (and, for budget fixed, the scores, into cum) ----
     if (budget == SC_BUDGET_FIXED) {             // fused: score the tile here
-        load_group_queries<T, D>(qs, q, b, g, G, H, scale);
-        load_tile<T, D, BN>(Ks, k_cache, b, row0, nrows, g, L_max, KVH);
-        __syncthreads();
-        tile_scores<T, D, BN>(cum, Ks, qs, G, nrows);
+        GroupQuery<T, D, G> gq;
+        gq.load(q, b, g, H, scale);
+        stream_tile_scores<T, D, G, BN>(cum, gq, k_cache, b, row0, nrows, g, L_max, KVH);
         __syncthreads();
         tile_stats<BN>(m, l, cum, G, nrows);
-    } else {                                     // two-pass: stash and stats of santa_score.cu
-        if (mode != SC_MODE_GATHER)
-            for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
-                const int h = idx / BN, j = idx % BN;
-                cum[idx] = j < nrows ? scores[(head0 + h) * L_max + row0 + j] : -SC_INF;
-            }
+    } else {                                     // two-pass: stats of santa_score.cu
         for (int h = threadIdx.x; h < G; h += SC_NTHREADS) {
             const float4 st = part_s[(head0 + h) * T_max + t];
             m[h] = st.x; l[h] = st.y;
@@ -89,16 +78,25 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
             cnt[idx] = j < nrows ? counts[(head0 + h) * L_max + row0 + j] : 0;
         }
     } else {
-        for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
-            const int h = idx / BN, j = idx % BN;
-            cum[idx] = j < nrows ? __expf(cum[idx] - m[h]) : 0.f;
-            cnt[idx] = 0;
-        }
         if (threadIdx.x < G) {
             const int h = threadIdx.x;
             const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + h));
             setup_head_draw(&draws[h], budget, sampler, samples, key, t, n_tiles, l[h],
                             cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
+        }
+        __syncthreads();
+        // A tile that no comb point reaches is done: part_s keeps pass 1's (m, l, 0, 0), part_o
+        // is not written (merge skips it), counts stay zero.
+        bool any_points = false;
+        for (int h = 0; h < G; ++h) any_points |= draws[h].n > 0 || draws[h].k_end > draws[h].k_begin;
+        if (!any_points) return;
+        for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+            const int h = idx / BN, j = idx % BN;
+            float sc = 0.f;
+            if (j < nrows)
+                sc = budget == SC_BUDGET_FIXED ? cum[idx] : scores[(head0 + h) * L_max + row0 + j];
+            cum[idx] = j < nrows ? __expf(sc - m[h]) : 0.f;
+            cnt[idx] = 0;
         }
         __syncthreads();
         tile_cumsum<BN>(cum, G);
@@ -115,6 +113,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     }
 
     // ---- gather-add ----
+    for (int idx = threadIdx.x; idx < kRowGroups * G * D; idx += SC_NTHREADS) acc[idx] = 0.f;
+    for (int idx = threadIdx.x; idx < kRowGroups * G; idx += SC_NTHREADS) m2p[idx] = 0.f;
     const int nsel = select_rows<BN>(rows, warp_tot, cnt, G, nrows);
     __syncthreads();
     gather_add<T, D, BN>(acc, m2p, rows, nsel, cnt, G, v_cache, b, row0, g, L_max, KVH);

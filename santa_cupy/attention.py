@@ -130,11 +130,11 @@ class DecodePlan:
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
         self.block_n = block_n or DEFAULT_BLOCK_N[method][head_dim]
         spec._check_block_n(self.block_n)
-        self.kernels = kernels.get_kernels(dtype, head_dim, self.block_n)
+        self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n)
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)
         if method == "dense":
-            self.tiles_per_split, self.P_max = self._dense_splits()
+            self.part_rows, self.P_max = self._dense_splits()
         else:
             self.P_max = self.T_max
         B, H, P, D = batch, heads, self.P_max, head_dim
@@ -153,13 +153,14 @@ class DecodePlan:
         self._no_counts = cupy.zeros((1,), cupy.int32)
 
     def _dense_splits(self):
-        """Tiles per split so that B * KVH * splits fills the GPU a few times over."""
+        """(rows per split, splits): B * KVH * splits fills the GPU ~4x over; splits of >= 256 rows."""
         import cupy
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
-        tiles_per_split = max(1, math.ceil(self.T_max / want))
-        return tiles_per_split, math.ceil(self.T_max / tiles_per_split)
+        rows = max(256, math.ceil(self.L_max / want))
+        rows = -(-rows // self.block_n) * self.block_n
+        return rows, math.ceil(self.L_max / rows)
 
     # ---- launches ---------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
@@ -182,17 +183,16 @@ class DecodePlan:
         args_common = (f32(self.scale),)
         if self.method == "dense":
             kernels.launch(K.dense, (self.P_max, KVH, B),
-                           (q, k_cache, v_cache, lengths, *args_common, i32(self.tiles_per_split), i32(H),
+                           (q, k_cache, v_cache, lengths, *args_common, i32(self.part_rows), i32(H),
                             i32(KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
-                           kernels.dense_smem_bytes(self.dtype, D, BN, G))
-            self._merge(lengths, out, kernels.MERGE_DENSE, self.tiles_per_split * BN)
+                           kernels.dense_smem_bytes(self.dtype, D, G))
+            self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         self.rows_read.fill(0)
         if self.budget != "fixed":
             kernels.launch(K.score, (self.T_max, KVH, B),
                            (q, k_cache, lengths, *args_common, i32(H), i32(KVH), i64(self.L_max),
-                            i32(self.T_max), self.scores, self.part_s),
-                           kernels.score_smem_bytes(self.dtype, D, BN, G))
+                            i32(self.T_max), self.scores, self.part_s))
             kernels.launch(K.prefix, (H, B),
                            (self.part_s, lengths, i64(self.L_max), i32(H), i32(BN), i32(self.T_max), i32(self.samples),
                             i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
@@ -211,13 +211,14 @@ class DecodePlan:
                         i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
                         i32(kernels.MODE_CODE[mode]), u64(self.seed), self.step, i32(layer), self.scores,
                         self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read),
-                       kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G, self.budget))
+                       kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 
     def _merge(self, lengths, out, kind, part_rows):
         i32 = kernels.i32
         kernels.launch(self.kernels.merge, (self.H, self.B),
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows), i32(self.P_max),
-                        i32(kind), i32(self.samples), out, self.lse, self.spread))
+                        i32(kind), i32(self.samples), out, self.lse, self.spread),
+                       threads=kernels.MERGE_THREADS)
 
     def _int32_lengths(self, lengths):
         import cupy
@@ -256,8 +257,7 @@ class DecodePlan:
         if self.budget != "fixed":
             kernels.launch(K.score, (self.T_max, self.KVH, self.B),
                            (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
-                            i64(self.L_max), i32(self.T_max), self.scores, self.part_s),
-                           kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G))
+                            i64(self.L_max), i32(self.T_max), self.scores, self.part_s))
             kernels.launch(K.prefix, (self.H, self.B),
                            (self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                             i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),

@@ -1,7 +1,8 @@
 """Loading the CUDA kernels of cuda/ through CuPy ``RawModule``, and launching them.
 
-One source of truth for the compiled variants: ``CONFIGS`` lists every (dtype, head_dim, block_n)
-instance; ``instance_names`` turns one into the template names NVRTC instantiates. The source
+One source of truth for the compiled variants: a module is one (dtype, head_dim, group) and holds
+the kernels for every block_n of ``spec.BLOCK_NS``; ``instance_names`` lists the template names
+NVRTC instantiates for it, ``CI_CONFIGS`` the modules CI compiles for every architecture. The source
 handed to NVRTC is the concatenation of the headers and kernel files with their ``#include``
 lines removed, so CuPy's cache key (the source string) changes whenever any header changes.
 This module imports without CuPy and without a GPU (``build_source`` is what CI compiles).
@@ -22,18 +23,21 @@ from santa_cupy import spec
 
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
-    "common.cuh", "tile.cuh", "santa_sample.cuh", "santa_gather.cuh",
+    "common.cuh", "tile.cuh", "stream.cuh", "santa_sample.cuh", "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-CONFIGS = tuple(itertools.product(STORAGE_TYPE, spec.HEAD_DIMS, spec.BLOCK_NS))
+GROUPS = tuple(range(1, spec.MAX_G + 1))
+# Every dtype x head_dim at the common group sizes, plus every group size at one shape.
+CI_CONFIGS = tuple(itertools.product(STORAGE_TYPE, spec.HEAD_DIMS, (1, 4, 8))) + tuple(
+    ("bfloat16", 128, g) for g in GROUPS if g not in (1, 4, 8))
 NVRTC_OPTIONS = ("-std=c++17",)
 
 THREADS = 128       # SC_NTHREADS
 CHUNK = 8           # SC_CHUNK
-PAD = 8             # SC_PAD
 PREFIX_THREADS = 256
+MERGE_THREADS = 256
 HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 BUDGET_CODE = {"fixed": 0, "global": 1, "largest_remainder": 2}
 SAMPLER_CODE = {"iid": 0, "stratified": 1, "systematic": 2}
@@ -64,23 +68,21 @@ def build_source() -> str:
     return f"// santa-cupy kernels, sources sha256 {digest}\n{body}"
 
 
-def instance_names(dtype_name: str, head_dim: int, block_n: int) -> dict[str, str]:
-    """Template instances (NVRTC name expressions) of one configuration, by role."""
-    t = STORAGE_TYPE[dtype_name]
-    return {
-        "dense": f"decode_dense_partial<{t}, {head_dim}, {block_n}>",
-        "score": f"santa_score<{t}, {head_dim}, {block_n}>",
-        "tile": f"santa_tile<{t}, {head_dim}, {block_n}>",
-        "merge": f"santa_merge<{t}, {head_dim}>",
-        "prefix": "santa_prefix",
-        "advance": "santa_advance_step",
-    }
+def instance_names(dtype_name: str, head_dim: int, group: int) -> dict[str, str]:
+    """Template instances (NVRTC name expressions) of one module, by role ("score64", ...)."""
+    t, d, g = STORAGE_TYPE[dtype_name], head_dim, group
+    names = {"dense": f"decode_dense_partial<{t}, {d}, {g}>", "merge": f"santa_merge<{t}, {d}>",
+             "prefix": "santa_prefix", "advance": "santa_advance_step"}
+    for bn in spec.BLOCK_NS:
+        names[f"score{bn}"] = f"santa_score<{t}, {d}, {bn}, {g}>"
+        names[f"tile{bn}"] = f"santa_tile<{t}, {d}, {bn}, {g}>"
+    return names
 
 
-def source_for(dtype_name: str, head_dim: int, block_n: int) -> tuple[str, list[str]]:
-    """(source, name expressions) for one configuration; the names are part of the source text so
-    that each configuration has its own CuPy cache entry."""
-    names = list(instance_names(dtype_name, head_dim, block_n).values())
+def source_for(dtype_name: str, head_dim: int, group: int) -> tuple[str, list[str]]:
+    """(source, name expressions) of one module; the names are appended to the source text so
+    that each module has its own CuPy cache entry."""
+    names = list(instance_names(dtype_name, head_dim, group).values())
     return build_source() + "\n// instances: " + "; ".join(names) + "\n", names
 
 
@@ -93,28 +95,20 @@ def row_groups(head_dim: int) -> int:
     return THREADS // (head_dim // CHUNK)
 
 
-def dense_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
-    tiles = 2 * block_n * (head_dim + PAD) * ITEMSIZE[dtype_name]
-    floats = group * head_dim + group * block_n + row_groups(head_dim) * group * head_dim + 5 * group
-    return tiles + 4 * floats
+def dense_smem_bytes(dtype_name, head_dim, group) -> int:
+    rg = row_groups(head_dim)
+    return 4 * (rg * group * head_dim + 2 * rg * group)
 
 
-def score_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
-    tile = block_n * (head_dim + PAD) * ITEMSIZE[dtype_name]
-    return tile + 4 * (group * head_dim + group * block_n + 2 * group)
-
-
-def tile_smem_bytes(dtype_name, head_dim, block_n, group, budget) -> int:
+def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
     rg = row_groups(head_dim)
     n = 4 * (2 * group * block_n + rg * group * head_dim + rg * group + block_n + 4 + 2 * group)
-    n = _round16(n) + _round16(group * HEAD_DRAW_BYTES)
-    if budget == "fixed":
-        n += block_n * (head_dim + PAD) * ITEMSIZE[dtype_name] + 4 * group * head_dim
-    return n
+    return _round16(n) + _round16(group * HEAD_DRAW_BYTES)
 
 
 @dataclass
 class KernelSet:
+    """The kernels of one (dtype, head_dim, group, block_n)."""
     dense: object
     score: object
     tile: object
@@ -124,17 +118,25 @@ class KernelSet:
 
 
 @functools.lru_cache(maxsize=None)
-def get_kernels(dtype_name: str, head_dim: int, block_n: int) -> KernelSet:
-    """Compile (or fetch from CuPy's cache) the kernels of one configuration. Needs CuPy + a GPU."""
+def _module(dtype_name: str, head_dim: int, group: int):
     import cupy
 
-    if (dtype_name, head_dim, block_n) not in CONFIGS:
-        raise ValueError(f"no kernel instance for dtype={dtype_name!r}, head_dim={head_dim}, "
-                         f"block_n={block_n}; supported: {CONFIGS}")
-    source, names = source_for(dtype_name, head_dim, block_n)
-    module = cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=names)
-    roles = instance_names(dtype_name, head_dim, block_n)
-    return KernelSet(**{role: module.get_function(name) for role, name in roles.items()})
+    source, names = source_for(dtype_name, head_dim, group)
+    return cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=names)
+
+
+def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int) -> KernelSet:
+    """Compile (or fetch from CuPy's cache) the kernels of one configuration. Needs CuPy + a GPU."""
+    if dtype_name not in STORAGE_TYPE or head_dim not in spec.HEAD_DIMS or group not in GROUPS \
+            or block_n not in spec.BLOCK_NS:
+        raise ValueError(f"no kernel instance for dtype={dtype_name!r}, head_dim={head_dim}, group={group}, "
+                         f"block_n={block_n}; supported: dtypes {tuple(STORAGE_TYPE)}, head_dim "
+                         f"{spec.HEAD_DIMS}, group 1..{spec.MAX_G}, block_n {spec.BLOCK_NS}")
+    module = _module(dtype_name, head_dim, group)
+    names = instance_names(dtype_name, head_dim, group)
+    fn = lambda role: module.get_function(names[role])  # noqa: E731
+    return KernelSet(dense=fn("dense"), score=fn(f"score{block_n}"), tile=fn(f"tile{block_n}"),
+                     merge=fn("merge"), prefix=fn("prefix"), advance=fn("advance"))
 
 
 def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):

@@ -171,3 +171,18 @@ def test_gpu_rejects_bad_lengths_and_mixed_arrays():
         bad = qg.copy()
         bad[0, 0, 0] = np.nan
         decode_attention(bad, kg, vg, lg)
+
+
+@pytest.mark.parametrize("G", range(1, spec.MAX_G + 1))
+def test_every_group_size(G):
+    """Each G in 1..MAX_G has its own kernel instance: dense and santa against the reference."""
+    rng = np.random.default_rng(G)
+    lengths = [1, 130, 257]
+    q, k, v, lens = random_inputs(rng, 3, 2 * G, 2, 128, 260, lengths, "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    ref_o, _ = reference.dense_attention(q, k, v, lens)
+    assert rel_l2(_as_float(decode_attention(qg, kg, vg, lg, method="dense")), ref_o) < DENSE_TOL["bfloat16"]
+    kw = dict(samples=64, seed=G, block_n=128)
+    o, info = decode_attention(qg, kg, vg, lg, return_info=True, return_counts=True, **kw)
+    ref_counts = reference.sample_counts(q, k, lens, **kw)
+    assert _count_mismatch(info.counts.get(), ref_counts) <= 2

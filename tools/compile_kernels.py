@@ -92,11 +92,11 @@ def summarize(log: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", nargs="+", default=["80", "89", "90"])
-    ap.add_argument("--config", action="append", help="dtype,head_dim,block_n (default: all)")
+    ap.add_argument("--config", action="append", help="dtype,head_dim,group (default: kernels.CI_CONFIGS)")
     ap.add_argument("--verbose", action="store_true", help="print the register/spill report")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
-    configs = kernels.CONFIGS
+    configs = kernels.CI_CONFIGS
     if args.config:
         configs = [(c.split(",")[0], int(c.split(",")[1]), int(c.split(",")[2])) for c in args.config]
     nvrtc = Nvrtc(find_nvrtc())
@@ -116,7 +116,7 @@ def main() -> int:
     failures = 0
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for (cfg, arch), ok, log, secs in pool.map(run, jobs):
-            print(f"sm_{arch} {cfg[0]:9s} D={cfg[1]:3d} BN={cfg[2]:3d}: {'ok' if ok else 'FAILED'} ({secs:.1f} s)")
+            print(f"sm_{arch} {cfg[0]:9s} D={cfg[1]:3d} G={cfg[2]:2d}: {'ok' if ok else 'FAILED'} ({secs:.1f} s)")
             if not ok:
                 failures += 1
                 print(log)
