@@ -402,12 +402,17 @@ def teacher_forced(model, cache0, ids, prefix: int, attention) -> np.ndarray:
     return np.stack([decode_logits(model, cache, int(t), attention) for t in ids[prefix:-1]])
 
 
-def greedy_tokens(model, cache0, first: int, n: int, attention, stop_ids=()) -> list[int]:
-    """Greedy continuation: feed `first`, then each argmax; n tokens (fewer on a stop id)."""
+def greedy_tokens(model, cache0, first: int, n: int, attention, stop_ids=(), margins=None) -> list[int]:
+    """Greedy continuation: feed `first`, then each argmax; n tokens (fewer on a stop id).
+    If `margins` is a list, the top-1 minus top-2 log-probability of every step is appended."""
     cache = clone_cache(model, cache0)
     out, tok = [], int(first)
     for _ in range(n):
-        tok = int(np.argmax(decode_logits(model, cache, tok, attention)))
+        lg = decode_logits(model, cache, tok, attention)
+        tok = int(np.argmax(lg))
+        if margins is not None:
+            top2 = np.partition(lg.astype(np.float64), -2)[-2:]
+            margins.append(float(top2[1] - top2[0]))
         out.append(tok)
         if tok in stop_ids:
             break
@@ -421,7 +426,9 @@ def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block
     targets = np.asarray(ids[prefix + 1:])
     cache0 = prefilled_cache(model, ids[:prefix], max(len(ids), prefix + 1 + greedy_n) + 1)
     dense_logits = teacher_forced(model, cache0, ids, prefix, DENSE.attention(0, block_n))
-    dense_greedy = greedy_tokens(model, cache0, ids[prefix], greedy_n, DENSE.attention(0, block_n))
+    margins: list[float] = []
+    dense_greedy = greedy_tokens(model, cache0, ids[prefix], greedy_n, DENSE.attention(0, block_n),
+                                 margins=margins)
     if progress is not None:
         progress.update(1)
     out = {"dense": {"setting": asdict(DENSE), "per_seed": [{
@@ -442,7 +449,7 @@ def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block
                 progress.update(1)
         out[st.label] = {"setting": asdict(st), "per_seed": per_seed}
     return {"steps": len(targets), "prefix": prefix, "greedy_tokens": greedy_n,
-            "dense_greedy": dense_greedy, "results": out}
+            "dense_greedy": dense_greedy, "dense_greedy_margins": margins, "results": out}
 
 
 def retrieval_trials(model, tok, lengths, depths, needles, settings, seeds, answer_tokens: int,
@@ -723,6 +730,11 @@ def report_markdown(results: dict) -> str:
             elif name == "model":
                 extra = f" (context {r['context']}, {r['steps']} decode steps after a {r['prefix']}-token prefix)"
             parts.append(f"## {TITLES[name]}{extra}\n\n{TABLES[name](r)}")
+            if name == "model" and r.get("dense_greedy_margins"):
+                mg = r["dense_greedy_margins"]
+                i = int(np.argmin(mg))
+                parts.append(f"Dense greedy path: smallest top-1 - top-2 logit margin {mg[i]:.3g} at "
+                             f"token {i} (a near tie there makes any later divergence a coin flip).")
     return "\n\n".join(parts) + "\n"
 
 

@@ -287,3 +287,13 @@ def test_cli_kernel_on_tiny_model(tiny, tmp_path, monkeypatch):
     assert "| stratified | fixed | 8 |" in r.output
     data = json.loads(out.read_text())
     assert data["kernel"]["context"] == 30 and data["kernel"]["layers"] == [0, 1]
+
+
+def test_greedy_margins_are_top1_minus_top2(tiny):
+    cache0 = ev.prefilled_cache(tiny, IDS[:8], 16)
+    margins = []
+    toks = ev.greedy_tokens(tiny, cache0, IDS[8], 3, ev.DENSE.attention(0), margins=margins)
+    cache = ev.clone_cache(tiny, cache0)
+    first = ev.decode_logits(tiny, cache, IDS[8], ev.DENSE.attention(0))
+    s = np.sort(first.astype(np.float64))
+    assert len(margins) == 3 and margins[0] == pytest.approx(s[-1] - s[-2], rel=1e-6) and toks[0] == np.argmax(first)
