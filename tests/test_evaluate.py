@@ -297,3 +297,47 @@ def test_greedy_margins_are_top1_minus_top2(tiny):
     first = ev.decode_logits(tiny, cache, IDS[8], ev.DENSE.attention(0))
     s = np.sort(first.astype(np.float64))
     assert len(margins) == 3 and margins[0] == pytest.approx(s[-1] - s[-2], rel=1e-6) and toks[0] == np.argmax(first)
+
+
+# ------------------------------------------------------------------------------ GPU (CuPy) path
+
+
+def _cupy_or_skip():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no CUDA device ({e})")
+    return cp
+
+
+@pytest.fixture(scope="module")
+def tiny_gpu(tmp_path_factory):
+    _cupy_or_skip()
+    path, _, _ = make_tiny(tmp_path_factory.mktemp("tiny_eval_gpu"), H=4, KVH=2, layers=2, max_pos=64)
+    return LlamaModel.from_pretrained(path, device="gpu", dtype="float32")
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_errors(tiny_gpu):
+    cap = ev.capture_attention_inputs(tiny_gpu, IDS)
+    assert type(cap[0][0]).__module__.startswith("cupy")
+    sts = ev.settings_grid(["systematic", "iid"], ["global", "fixed"], [2, 4096])
+    res = ev.kernel_errors(cap, [0, 1], sts, seeds=[0, 1])
+    assert res["dense"]["per_seed"][0]["mean"] < 1e-5
+    for sm in ("systematic", "iid"):
+        for bu in ("global", "fixed"):
+            lo = np.mean([p["mean"] for p in res[f"{sm}/{bu}/S=4096"]["per_seed"]])
+            hi = np.mean([p["mean"] for p in res[f"{sm}/{bu}/S=2"]["per_seed"]])
+            assert lo < hi / 5, (sm, bu, lo, hi)
+
+
+@pytest.mark.gpu
+def test_gpu_model_and_retrieval(tiny_gpu):
+    sts = ev.settings_grid(["systematic"], ["global"], [4096])
+    res = ev.model_metrics(tiny_gpu, IDS, 12, sts, seeds=[0], greedy_n=5)
+    p = res["results"]["systematic/global/S=4096"]["per_seed"][0]
+    assert p["kl"] < 1e-3 and p["greedy_match"] == 5
+    r = ev.retrieval_trials(tiny_gpu, IdTok(), [40], [0.5], 1, sts, seeds=[0], answer_tokens=3)
+    assert len(r["systematic/global/S=4096"]["trials"]) == 1
