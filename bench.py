@@ -20,6 +20,7 @@ import datetime
 import json
 import math
 import statistics
+import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -266,11 +267,14 @@ def header_markdown(meta: dict, ceiling: dict | None) -> str:
 
 def run_metadata(command: str) -> dict:
     """Date and git commit (tolerating no git); GPU fields are added by gpu_metadata()."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    commit = os.environ.get("SANTA_CUPY_COMMIT")      # set where the tree has no .git (device copies)
+    if not commit:
+        try:
+            out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 timeout=10, cwd=Path(__file__).resolve().parent)
+            commit = out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
     return {"command": command, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": commit}
 

@@ -130,7 +130,7 @@ class DecodePlan:
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
         self.block_n = block_n or DEFAULT_BLOCK_N[method][head_dim]
         spec._check_block_n(self.block_n)
-        self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n)
+        self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)
         if method == "dense":

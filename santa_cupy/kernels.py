@@ -2,7 +2,8 @@
 
 One source of truth for the compiled variants: a module is one (dtype, head_dim, group) and holds
 the kernels for every block_n of ``spec.BLOCK_NS``; ``instance_names`` lists the template names
-NVRTC instantiates for it, ``CI_CONFIGS`` the modules CI compiles for every architecture. The source
+NVRTC instantiates for it (per role: dense or santa<BN>), ``CI_CONFIGS`` the (dtype, head_dim,
+group) CI compiles, every role, for every architecture. The source
 handed to NVRTC is the concatenation of the headers and kernel files with their ``#include``
 lines removed, so CuPy's cache key (the source string) changes whenever any header changes.
 This module imports without CuPy and without a GPU (``build_source`` is what CI compiles).
@@ -68,21 +69,32 @@ def build_source() -> str:
     return f"// santa-cupy kernels, sources sha256 {digest}\n{body}"
 
 
-def instance_names(dtype_name: str, head_dim: int, group: int) -> dict[str, str]:
-    """Template instances (NVRTC name expressions) of one module, by role ("score64", ...)."""
+def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dict[str, str]:
+    """Template instances (NVRTC name expressions) of one module, by kernel.
+
+    A module is one (dtype, head_dim, group) and one role: "dense" (split-KV decode + merge) or
+    "santa<BN>" (score, tile, prefix, merge for tiles of BN rows), so that a call compiles only
+    what it launches.
+    """
     t, d, g = STORAGE_TYPE[dtype_name], head_dim, group
-    names = {"dense": f"decode_dense_partial<{t}, {d}, {g}>", "merge": f"santa_merge<{t}, {d}>",
-             "prefix": "santa_prefix", "advance": "santa_advance_step"}
-    for bn in spec.BLOCK_NS:
-        names[f"score{bn}"] = f"santa_score<{t}, {d}, {bn}, {g}>"
-        names[f"tile{bn}"] = f"santa_tile<{t}, {d}, {bn}, {g}>"
+    names = {"merge": f"santa_merge<{t}, {d}>", "advance": "santa_advance_step"}
+    if role == "dense":
+        names["dense"] = f"decode_dense_partial<{t}, {d}, {g}>"
+        return names
+    bn = int(role.removeprefix("santa"))
+    names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
+                 prefix="santa_prefix")
     return names
 
 
-def source_for(dtype_name: str, head_dim: int, group: int) -> tuple[str, list[str]]:
+def roles() -> tuple[str, ...]:
+    return ("dense",) + tuple(f"santa{bn}" for bn in spec.BLOCK_NS)
+
+
+def source_for(dtype_name: str, head_dim: int, group: int, role: str) -> tuple[str, list[str]]:
     """(source, name expressions) of one module; the names are appended to the source text so
     that each module has its own CuPy cache entry."""
-    names = list(instance_names(dtype_name, head_dim, group).values())
+    names = list(instance_names(dtype_name, head_dim, group, role).values())
     return build_source() + "\n// instances: " + "; ".join(names) + "\n", names
 
 
@@ -108,35 +120,34 @@ def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
 
 @dataclass
 class KernelSet:
-    """The kernels of one (dtype, head_dim, group, block_n)."""
-    dense: object
-    score: object
-    tile: object
+    """The kernels of one configuration (those of the other method are None)."""
     merge: object
-    prefix: object
     advance: object
+    dense: object = None
+    score: object = None
+    tile: object = None
+    prefix: object = None
 
 
 @functools.lru_cache(maxsize=None)
-def _module(dtype_name: str, head_dim: int, group: int):
+def _module(dtype_name: str, head_dim: int, group: int, role: str):
     import cupy
 
-    source, names = source_for(dtype_name, head_dim, group)
+    source, names = source_for(dtype_name, head_dim, group, role)
     return cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=names)
 
 
-def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int) -> KernelSet:
+def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int, method: str) -> KernelSet:
     """Compile (or fetch from CuPy's cache) the kernels of one configuration. Needs CuPy + a GPU."""
     if dtype_name not in STORAGE_TYPE or head_dim not in spec.HEAD_DIMS or group not in GROUPS \
             or block_n not in spec.BLOCK_NS:
         raise ValueError(f"no kernel instance for dtype={dtype_name!r}, head_dim={head_dim}, group={group}, "
                          f"block_n={block_n}; supported: dtypes {tuple(STORAGE_TYPE)}, head_dim "
                          f"{spec.HEAD_DIMS}, group 1..{spec.MAX_G}, block_n {spec.BLOCK_NS}")
-    module = _module(dtype_name, head_dim, group)
-    names = instance_names(dtype_name, head_dim, group)
-    fn = lambda role: module.get_function(names[role])  # noqa: E731
-    return KernelSet(dense=fn("dense"), score=fn(f"score{block_n}"), tile=fn(f"tile{block_n}"),
-                     merge=fn("merge"), prefix=fn("prefix"), advance=fn("advance"))
+    role = "dense" if method == "dense" else f"santa{block_n}"
+    module = _module(dtype_name, head_dim, group, role)
+    names = instance_names(dtype_name, head_dim, group, role)
+    return KernelSet(**{key: module.get_function(name) for key, name in names.items()})
 
 
 def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):

@@ -100,11 +100,11 @@ def main() -> int:
     if args.config:
         configs = [(c.split(",")[0], int(c.split(",")[1]), int(c.split(",")[2])) for c in args.config]
     nvrtc = Nvrtc(find_nvrtc())
-    jobs = [(cfg, arch) for cfg in configs for arch in args.arch]
+    jobs = [((*cfg, role), arch) for cfg in configs for role in kernels.roles() for arch in args.arch]
 
     def run(job):
-        (dtype, d, bn), arch = job
-        source, names = kernels.source_for(dtype, d, bn)
+        (dtype, d, g, role), arch = job
+        source, names = kernels.source_for(dtype, d, g, role)
         opts = list(kernels.NVRTC_OPTIONS) + [f"--gpu-architecture=sm_{arch}", "--ptxas-options=-v"]
         t0 = time.time()
         try:
@@ -116,7 +116,7 @@ def main() -> int:
     failures = 0
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for (cfg, arch), ok, log, secs in pool.map(run, jobs):
-            print(f"sm_{arch} {cfg[0]:9s} D={cfg[1]:3d} G={cfg[2]:2d}: {'ok' if ok else 'FAILED'} ({secs:.1f} s)")
+            print(f"sm_{arch} {cfg[0]:9s} D={cfg[1]:3d} G={cfg[2]:2d} {cfg[3]:9s}: {'ok' if ok else 'FAILED'} ({secs:.1f} s)")
             if not ok:
                 failures += 1
                 print(log)

@@ -8,7 +8,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 K=${1:-}
-python3 -m pytest -m gpu -q -rs -x --timeout=900 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+python3 tools/warm_kernel_cache.py 2>&1 | tail -2
+python3 -m pytest -m gpu -q -rs -x --timeout=300 --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses"; tail -3 "$OUT/memcheck.log"
