@@ -46,11 +46,13 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
         for (int e = 0; e < SC_CHUNK; ++e) acc[h][e] = 0.f;
     }
 
-    for (i64 base = row_begin + rg; base < row_end; base += (i64)U * kRG) {
+    // The trip count must be warp-uniform (the score reduction shuffles across the whole warp,
+    // which holds several row groups), so rows past row_end are masked, not skipped.
+    for (i64 base = row_begin; base < row_end; base += (i64)U * kRG) {
         Chunk<T> kc[U], vc[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const i64 j = base + (i64)u * kRG;
+            const i64 j = base + (i64)u * kRG + rg;
             if (j < row_end) {
                 kc[u].load(cache_row<T, D>(k_cache, b, j, g, L_max, KVH) + dg * SC_CHUNK);
                 vc[u].load(cache_row<T, D>(v_cache, b, j, g, L_max, KVH) + dg * SC_CHUNK);
@@ -62,7 +64,7 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             gq.scores(kc[u], s[u]);
-            if (base + (i64)u * kRG >= row_end)
+            if (base + (i64)u * kRG + rg >= row_end)
 #pragma unroll
                 for (int h = 0; h < G; ++h) s[u][h] = -SC_INF;
         }
