@@ -94,16 +94,6 @@ __device__ __forceinline__ float warp_inclusive_scan(float v) {
     }
     return v;
 }
-__device__ __forceinline__ int warp_inclusive_scan_int(int v) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int n = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += n;
-    }
-    return v;
-}
-
 // ---- counter-based RNG (docs/DESIGN.md, santa_cupy/rng.py) ---------------------------------
 #define SC_GLOBAL_TILE 0xFFFFFFFFull
 

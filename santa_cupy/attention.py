@@ -19,7 +19,7 @@ import numpy as np
 
 from santa_cupy import interop, kernels, reference, spec
 
-STORAGE_DTYPE = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
+STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
 DEFAULT_BLOCK_N = {"dense": {64: 64, 128: 64, 256: 64}, "santa": {64: 128, 128: 128, 256: 64}}
 
 
@@ -112,10 +112,10 @@ class DecodePlan:
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0):
         import cupy
 
-        spec._check_choice("method", method, spec.METHODS)
-        spec._check_choice("sampler", sampler, spec.SAMPLERS)
-        spec._check_choice("budget", budget, spec.BUDGETS)
-        spec._check_samples(samples)
+        spec.check_choice("method", method, spec.METHODS)
+        spec.check_choice("sampler", sampler, spec.SAMPLERS)
+        spec.check_choice("budget", budget, spec.BUDGETS)
+        spec.check_samples(samples)
         if heads % kv_heads or not 1 <= heads // kv_heads <= spec.MAX_G:
             raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "
                              f"got heads={heads}, kv_heads={kv_heads}")
@@ -129,7 +129,7 @@ class DecodePlan:
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
         self.block_n = block_n or DEFAULT_BLOCK_N[method][head_dim]
-        spec._check_block_n(self.block_n)
+        spec.check_block_n(self.block_n)
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)

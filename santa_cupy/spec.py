@@ -103,19 +103,19 @@ def _describe(x) -> str:
     return f"{type(x).__name__} {x!r}"
 
 
-def _check_choice(name, value, choices):
+def check_choice(name, value, choices):
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-def _check_samples(samples):
+def check_samples(samples):
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
         raise TypeError(f"samples must be an int, got {type(samples).__name__} {samples!r}")
     if not 1 <= int(samples) <= MAX_SAMPLES:
         raise ValueError(f"samples must be in [1, {MAX_SAMPLES}], got {int(samples)}")
 
 
-def _check_block_n(block_n):
+def check_block_n(block_n):
     if isinstance(block_n, bool) or not isinstance(block_n, numbers.Integral) or int(block_n) not in BLOCK_NS:
         raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n!r}")
 
@@ -244,11 +244,11 @@ def validate_decode_inputs(
     on CuPy arrays each is a device sync, so a plan may validate once and switch them off.
     ``xp`` is the array module; None picks it from the arrays.
     """
-    _check_choice("method", method, METHODS)
-    _check_choice("sampler", sampler, SAMPLERS)
-    _check_choice("budget", budget, BUDGETS)
-    _check_samples(samples)
-    _check_block_n(block_n)
+    check_choice("method", method, METHODS)
+    check_choice("sampler", sampler, SAMPLERS)
+    check_choice("budget", budget, BUDGETS)
+    check_samples(samples)
+    check_block_n(block_n)
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "lengths": lengths}
     library = _check_libraries(arrays)
     _check_ranks(q, k_cache, v_cache, lengths)
