@@ -190,17 +190,46 @@ class DecodePlan:
             return out
         self.rows_read.fill(0)
         if self.budget != "fixed":
-            kernels.launch(K.score, (self.T_max, KVH, B),
-                           (q, k_cache, lengths, *args_common, i32(H), i32(KVH), i64(self.L_max),
-                            i32(self.T_max), self.scores, self.part_s))
-            kernels.launch(K.prefix, (H, B),
-                           (self.part_s, lengths, i64(self.L_max), i32(H), i32(BN), i32(self.T_max), i32(self.samples),
-                            i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
-                           threads=kernels.PREFIX_THREADS)
+            self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
         self._merge(lengths, out, kind, BN)
         return out
+
+    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None):
+        """The gather-add and merge stages alone: o from given sample counts [B, H, L_max] int32.
+
+        For the global / largest_remainder budgets o = (1/S) sum_j c_j V_j; for fixed the tile-weighted
+        form with S_t = max(1, S // T). Counts past a sequence's length are ignored.
+        """
+        import cupy
+
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        if not isinstance(counts, cupy.ndarray) or counts.dtype != cupy.int32 or \
+                counts.shape != (self.B, self.H, self.L_max) or not counts.flags.c_contiguous:
+            raise ValueError(f"counts must be a C-contiguous cupy int32 array of shape "
+                             f"{(self.B, self.H, self.L_max)}, got {type(counts).__name__} "
+                             f"{getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '?')}")
+        lengths = self._int32_lengths(lengths)
+        self._last_lengths = lengths
+        out = self.out if out is None else out
+        self.rows_read.fill(0)
+        if self.budget != "fixed":
+            self._score_and_prefix(q, k_cache, lengths)
+        self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts)
+        self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
+                    self.block_n)
+        return out
+
+    def _score_and_prefix(self, q, k_cache, lengths):
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B),
+                       (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
+                        i32(self.T_max), self.scores, self.part_s))
+        kernels.launch(self.kernels.prefix, (self.H, self.B),
+                       (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
+                        i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
+                       threads=kernels.PREFIX_THREADS)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
@@ -253,14 +282,7 @@ class DecodePlan:
         q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths)
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
-        K, i32, i64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.f32
         if self.budget != "fixed":
-            kernels.launch(K.score, (self.T_max, self.KVH, self.B),
-                           (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
-                            i64(self.L_max), i32(self.T_max), self.scores, self.part_s))
-            kernels.launch(K.prefix, (self.H, self.B),
-                           (self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
-                            i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
-                           threads=kernels.PREFIX_THREADS)
+            self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts)
         return counts
