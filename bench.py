@@ -49,7 +49,7 @@ BUDGETS = ("fixed", "global", "largest_remainder")
 SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
-DEFAULT_METHODS = ("dense", "santa-global-systematic-256", "santa-fixed-systematic-2048")
+DEFAULT_METHODS = ("dense", "dense-async", "santa-global-systematic-256", "santa-fixed-systematic-2048")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
 DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
@@ -59,7 +59,8 @@ MAX_COPIES = 64
 
 @dataclass(frozen=True)
 class Method:
-    """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend."""
+    """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend,
+    dense a kernel version in `backend` ("" = the default kernel, "async" = the cp.async ring)."""
 
     kind: str
     budget: str = ""
@@ -73,6 +74,8 @@ class Method:
             return f"santa-{self.budget}-{self.sampler}-{self.samples}"
         if self.kind == "torch":
             return f"torch-{self.backend}"
+        if self.kind == "dense" and self.backend:
+            return f"dense-{self.backend}"
         return self.kind
 
     @property
@@ -81,10 +84,12 @@ class Method:
 
 
 def parse_method(name: str) -> Method:
-    """'dense' | 'santa-<budget>-<sampler>-<S>' | 'torch-<backend>' | 'flashinfer' -> Method."""
+    """'dense' | 'dense-async' | 'santa-<budget>-<sampler>-<S>' | 'torch-<backend>' | 'flashinfer' -> Method."""
     name = name.strip()
     if name in ("dense", "flashinfer"):
         return Method(name)
+    if name == "dense-async":
+        return Method("dense", backend="async")
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
@@ -93,7 +98,7 @@ def parse_method(name: str) -> Method:
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s))
     raise click.BadParameter(
-        f"unknown method {name!r}; expected dense, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"unknown method {name!r}; expected dense, dense-async, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
         f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>, e.g. santa-global-systematic-256",
         param_hint="--methods")
 
@@ -482,7 +487,7 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
     step is NOT advanced inside the timed graph (each input copy draws its own samples anyway)."""
     from santa_cupy import DecodePlan
 
-    kw = dict(method="dense") if method.kind == "dense" else dict(
+    kw = dict(method="dense", dense_kernel=method.backend or "stream") if method.kind == "dense" else dict(
         method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
     plan = DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)

@@ -109,7 +109,8 @@ class DecodePlan:
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
-                 samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0):
+                 samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
+                 dense_kernel="stream"):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -125,6 +126,8 @@ class DecodePlan:
             raise ValueError(f"dtype must be one of {spec.GPU_DTYPES}, got {dtype!r}")
         self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
         self.G = heads // kv_heads
+        spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
+        self.dense_kernel = dense_kernel      # "stream" (v2, default) | "async" (v3, cp.async ring)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -182,10 +185,11 @@ class DecodePlan:
         B, H, KVH, D, BN, G = self.B, self.H, self.KVH, self.D, self.block_n, self.G
         args_common = (f32(self.scale),)
         if self.method == "dense":
-            kernels.launch(K.dense, (self.P_max, KVH, B),
+            kernel = K.dense if self.dense_kernel == "stream" else K.dense_async
+            kernels.launch(kernel, (self.P_max, KVH, B),
                            (q, k_cache, v_cache, lengths, *args_common, i32(self.part_rows), i32(H),
                             i32(KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
-                           kernels.dense_smem_bytes(self.dtype, D, G))
+                           kernels.dense_smem_bytes(self.dtype, D, G, self.dense_kernel))
             self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         self.rows_read.fill(0)

@@ -80,6 +80,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     names = {"merge": f"santa_merge<{t}, {d}>", "advance": "santa_advance_step"}
     if role == "dense":
         names["dense"] = f"decode_dense_partial<{t}, {d}, {g}>"
+        names["dense_async"] = f"decode_dense_async<{t}, {d}, {g}>"
         return names
     bn = int(role.removeprefix("santa"))
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
@@ -107,9 +108,16 @@ def row_groups(head_dim: int) -> int:
     return THREADS // (head_dim // CHUNK)
 
 
-def dense_smem_bytes(dtype_name, head_dim, group) -> int:
+DENSE_STAGES = 4            # SC_STAGES
+DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES (K; V again)
+DENSE_KERNELS = ("stream", "async")   # decode_dense_partial (v2), decode_dense_async (v3)
+
+
+def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
+    """v2: the row-group combine; v3: max(cp.async ring, combine) (the ring is reused)."""
     rg = row_groups(head_dim)
-    return 4 * (rg * group * head_dim + 2 * rg * group)
+    combine = 4 * (rg * group * head_dim + 2 * rg * group)
+    return combine if kernel == "stream" else max(combine, DENSE_STAGES * 2 * DENSE_STAGE_BYTES)
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
@@ -124,6 +132,7 @@ class KernelSet:
     merge: object
     advance: object
     dense: object = None
+    dense_async: object = None
     score: object = None
     tile: object = None
     prefix: object = None

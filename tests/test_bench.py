@@ -60,11 +60,13 @@ def test_method_errors(name):
 
 def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
-    assert default == ["dense", "santa-global-systematic-256", "santa-fixed-systematic-2048", "torch-flash",
-                       "torch-cudnn", "torch-efficient", "flashinfer"]
-    assert [m.name for m in bench.method_list()] == default[:3]
+    assert default == ["dense", "dense-async", "santa-global-systematic-256", "santa-fixed-systematic-2048",
+                       "torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
+    assert [m.name for m in bench.method_list()] == default[:4]
     quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
-    assert quick == ["dense", "santa-global-systematic-256", "santa-fixed-systematic-2048", "torch-flash", "torch-cudnn"]
+    assert quick == ["dense", "dense-async", "santa-global-systematic-256", "santa-fixed-systematic-2048",
+                     "torch-flash", "torch-cudnn"]
+    assert bench.parse_method("dense-async") == Method("dense", backend="async")
     full = bench.method_list(full=True, have_torch=True)
     santa = [m for m in full if m.kind == "santa"]
     assert len(santa) == 3 * 3 * 4 and len({m.name for m in santa}) == 36

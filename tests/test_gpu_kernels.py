@@ -37,8 +37,9 @@ def _as_float(x):
     return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
 
 
+@pytest.mark.parametrize("kernel", ["stream", "async"])
 @pytest.mark.parametrize("dtype,D,G", list(itertools.product(DTYPES, DIMS, GROUPS)))
-def test_dense_matches_reference(dtype, D, G):
+def test_dense_matches_reference(dtype, D, G, kernel):
     rng = np.random.default_rng(hash((dtype, D, G)) % 2**32)
     KVH = 2
     block_n = 64
@@ -47,7 +48,7 @@ def test_dense_matches_reference(dtype, D, G):
     q, k, v, lens = random_inputs(rng, B, G * KVH, KVH, D, L_max, lengths, dtype)
     ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
     plan = _poisoned_plan(batch=B, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype,
-                          method="dense", block_n=block_n)
+                          method="dense", block_n=block_n, dense_kernel=kernel)
     o = plan.run(*to_gpu(q, k, v, lens))
     o = _as_float(o)
     assert np.isfinite(o).all(), "output not fully written"
@@ -63,6 +64,9 @@ def test_dense_long_context_100k(dtype):
     ref_o, _ = reference.dense_attention(q, k, v, lens)
     o = decode_attention(*to_gpu(q, k, v, lens), method="dense")
     assert rel_l2(_as_float(o), ref_o) < DENSE_TOL[dtype]
+    plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
+                      method="dense", dense_kernel="async")
+    assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
 
 
 SAMPLING = list(itertools.product(spec.BUDGETS, spec.SAMPLERS))
