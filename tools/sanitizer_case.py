@@ -8,7 +8,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
-from santa_cupy import decode_attention, spec  # noqa: E402
+from santa_cupy import DecodePlan, decode_attention, spec  # noqa: E402
 
 rng = np.random.default_rng(0)
 B, H, KVH, D, L = 3, 8, 2, 64, 200
@@ -18,9 +18,13 @@ k = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "b
 v = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
 q, k, v, lengths = (cupy.asarray(a) for a in (q, k, v, lengths))
 decode_attention(q, k, v, lengths, method="dense")
+DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, method="dense",
+           dense_kernel="async").run(q, k, v, lengths)
 for budget in spec.BUDGETS:
     for sampler in spec.SAMPLERS:
-        decode_attention(q, k, v, lengths, samples=40, sampler=sampler, budget=budget, block_n=64,
-                         return_counts=True)
+        plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
+                          sampler=sampler, budget=budget, block_n=64)
+        plan.run(q, k, v, lengths)
+        plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
 cupy.cuda.Device().synchronize()
 print("sanitizer case done")
