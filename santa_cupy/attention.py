@@ -180,16 +180,14 @@ class DecodePlan:
                 raise ValueError(f"inputs (B, H, KVH, D, L_max, dtype)={got} do not match the plan's {want}")
         lengths = self._int32_lengths(lengths)
         self._last_lengths = lengths
-        out = self.out if out is None else out
-        K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
-        B, H, KVH, D, BN, G = self.B, self.H, self.KVH, self.D, self.block_n, self.G
-        args_common = (f32(self.scale),)
+        out = self._output(out)
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernel = K.dense if self.dense_kernel == "stream" else K.dense_async
-            kernels.launch(kernel, (self.P_max, KVH, B),
-                           (q, k_cache, v_cache, lengths, *args_common, i32(self.part_rows), i32(H),
-                            i32(KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
-                           kernels.dense_smem_bytes(self.dtype, D, G, self.dense_kernel))
+            kernel = self.kernels.dense if self.dense_kernel == "stream" else self.kernels.dense_async
+            kernels.launch(kernel, (self.P_max, self.KVH, self.B),
+                           (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
+                            i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
+                           kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
             self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         self.rows_read.fill(0)
@@ -197,7 +195,17 @@ class DecodePlan:
             self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        self._merge(lengths, out, kind, BN)
+        self._merge(lengths, out, kind, self.block_n)
+        return out
+
+    def _output(self, out):
+        """The plan's own output buffer, or a caller's after checking it can take o [B, H, D]."""
+        if out is None:
+            return self.out
+        if not spec.is_cupy_array(out) or out.shape != self.out.shape or out.dtype != self.out.dtype \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous cupy array of shape {self.out.shape} and dtype "
+                             f"{self.out.dtype}, got {spec.describe(out)}")
         return out
 
     def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None):
@@ -216,7 +224,7 @@ class DecodePlan:
                              f"{getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '?')}")
         lengths = self._int32_lengths(lengths)
         self._last_lengths = lengths
-        out = self.out if out is None else out
+        out = self._output(out)
         self.rows_read.fill(0)
         if self.budget != "fixed":
             self._score_and_prefix(q, k_cache, lengths)

@@ -94,7 +94,7 @@ def from_float32(x, dtype_name, xp=None):
 # ----------------------------------------------------------------------------------- validation
 
 
-def _describe(x) -> str:
+def describe(x) -> str:
     """Short description of an argument for error messages."""
     shape = getattr(x, "shape", None)
     dtype = getattr(x, "dtype", None)
@@ -145,7 +145,7 @@ def _check_ranks(q, k_cache, v_cache, lengths):
         ("lengths", lengths, 1, "[B]"),
     ):
         if x.ndim != rank:
-            raise ValueError(f"{name} must have rank {rank} {layout}, got {_describe(x)}")
+            raise ValueError(f"{name} must have rank {rank} {layout}, got {describe(x)}")
 
 
 def _check_shapes(q, k_cache, v_cache, lengths):
