@@ -1,0 +1,160 @@
+"""DecodePlan's host side without a GPU: a stand-in `cupy` module and recording kernels.
+
+Checks, for every method / budget / dense kernel, which kernels a call launches, in which order,
+with how many arguments (against the parameter lists parsed from cuda/*.cu), with which argument
+kinds (device pointer vs scalar), and with how much dynamic shared memory. This is what a typo in
+attention.py would break first; the GPU tests check the numbers.
+"""
+
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from santa_cupy import kernels, spec
+
+
+class FakeArray(np.ndarray):
+    """A NumPy array that santa-cupy takes for a CuPy one (by its type's module)."""
+
+
+FakeArray.__module__ = "cupy"
+
+
+def _fake_cupy():
+    mod = types.ModuleType("cupy")
+    for name in ("int32", "int64", "float32", "float64", "uint8", "uint16", "float16"):
+        setattr(mod, name, getattr(np, name))
+    mod.ndarray = FakeArray
+    mod.empty = lambda shape, dtype=np.float32: np.empty(shape, dtype).view(FakeArray)
+    mod.zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(FakeArray)
+    mod.full = lambda shape, value, dtype=np.float32: np.full(shape, value, dtype).view(FakeArray)
+    mod.asarray = lambda x: np.asarray(x).view(FakeArray)
+    device = types.SimpleNamespace(attributes={"MultiProcessorCount": 132})
+    mod.cuda = types.SimpleNamespace(Device=lambda *a: device)
+    return mod
+
+
+SCALAR_TYPES = {"int": np.int32, "i64": np.int64, "u64": np.uint64, "float": np.float32, "double": np.float64}
+
+
+def _kernel_signatures():
+    """{kernel name: [(parameter name, numpy scalar type or None for a pointer)]} from cuda/*.cu."""
+    source = kernels.build_source()
+    sigs = {}
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)", source):
+        params = []
+        for p in (p.strip() for p in m.group(2).split(",") if p.strip()):
+            words = p.replace("*", " * ").split()
+            params.append((words[-1], None if "*" in words else SCALAR_TYPES[words[-2]]))
+        sigs[m.group(1)] = params
+    return sigs
+
+
+def _kernel_params():
+    return {name: [p for p, _ in sig] for name, sig in _kernel_signatures().items()}
+
+
+class RecordingKernel:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.max_dynamic_shared_size_bytes = 48 * 1024
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.log.append((self.name, grid, block, args, shared_mem))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    log = []
+
+    def fake_get_kernels(dtype_name, head_dim, group, block_n, method):
+        role = "dense" if method == "dense" else f"santa{block_n}"
+        names = kernels.instance_names(dtype_name, head_dim, group, role)
+        return kernels.KernelSet(**{key: RecordingKernel(name.split("<")[0], log) for key, name in names.items()})
+
+    monkeypatch.setattr(kernels, "get_kernels", fake_get_kernels)
+    return log
+
+
+def _inputs(B=2, H=8, KVH=2, D=128, L=300, dtype=np.uint16):
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 2**14, (B, H, D)).astype(dtype).view(FakeArray)
+    k = rng.integers(0, 2**14, (B, L, KVH, D)).astype(dtype).view(FakeArray)
+    v = rng.integers(0, 2**14, (B, L, KVH, D)).astype(dtype).view(FakeArray)
+    lengths = np.array([L, 17], np.int32).view(FakeArray)
+    return q, k, v, lengths
+
+
+CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
+         ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
+         ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
+         ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
+         ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"])]
+
+
+@pytest.mark.parametrize("method,budget,dense_kernel,expected", CASES)
+def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
+                      dense_kernel=dense_kernel)
+    out = plan.run(q, k, v, lengths)
+    assert out is plan.out
+    assert [name for name, *_ in launches] == expected
+    sigs = _kernel_signatures()
+    for name, grid, block, args, smem in launches:
+        assert len(args) == len(sigs[name]), f"{name}: {len(args)} arguments for {sigs[name]}"
+        for arg, (param, scalar) in zip(args, sigs[name]):
+            if scalar is None:
+                assert isinstance(arg, np.ndarray), f"{name}({param}): pointer expected, got {type(arg)}"
+            else:
+                assert type(arg) is scalar, f"{name}({param}): {scalar.__name__} expected, got {type(arg)}"
+        assert all(int(x) >= 1 for x in grid) and block[0] in (1, 128, 256)
+        assert smem <= 227 * 1024
+    first = launches[0]
+    assert first[3][0] is q and first[3][1] is k                      # q, k_cache lead every stage
+
+
+def test_standalone_stages_launch(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, samples=32)
+    counts = plan.sample_counts(q, k, lengths)
+    assert counts.shape == (2, 8, 300) and counts.dtype == np.int32
+    plan.run_from_counts(q, k, v, lengths, counts)
+    names = [name for name, *_ in launches]
+    assert names == ["santa_score", "santa_prefix", "santa_tile"] * 2 + ["santa_merge"]
+    at = _kernel_params()["santa_tile"].index("mode")
+    modes = [args[at] for name, _, _, args, _ in launches if name == "santa_tile"]
+    assert [int(m) for m in modes] == [kernels.MODE_CODE["sample"], kernels.MODE_CODE["gather"]]
+    with pytest.raises(ValueError, match="counts"):
+        plan.run_from_counts(q, k, v, lengths, counts.astype(np.int64).view(FakeArray))
+
+
+def test_plan_rejects_bad_out_and_mismatched_inputs(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300)
+    with pytest.raises(ValueError, match="out must be"):
+        plan.run(q, k, v, lengths, out=np.empty((2, 8, 64), np.uint16).view(FakeArray))
+    with pytest.raises(ValueError, match="do not match the plan"):
+        plan.run(*_inputs(H=4))
+    with pytest.raises(ValueError, match="dense_kernel"):
+        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, dense_kernel="fast")
+    assert launches == []
+
+
+def test_every_kernel_instance_has_a_definition():
+    params = _kernel_params()
+    for dtype, d, g in kernels.CI_CONFIGS[:3]:
+        for role in kernels.roles():
+            for name in kernels.instance_names(dtype, d, g, role).values():
+                assert name.split("<")[0] in params
+    assert spec.MAX_G == max(kernels.GROUPS)
