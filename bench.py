@@ -700,6 +700,68 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
         plot_rows(rows, plot_path)
 
 
+def stage_rows(cp, shape, B, L, method: Method, *, l2, budget_bytes, n_inner, repeats) -> list[dict]:
+    """µs of each pipeline stage of one of our methods alone (DecodePlan.stage_launchers), on the
+    same rotating inputs as `kernels`, plus the whole call for comparison."""
+    from santa_cupy import DecodePlan
+
+    n = copies_for(kv_bytes(shape, B, L), l2, budget_bytes)
+    if n == 0:
+        raise click.UsageError(f"K+V {fmt_bytes(kv_bytes(shape, B, L))} > --mem-gb")
+    inputs = make_inputs(cp, shape, B, L, n)
+    n_inner = n * math.ceil(n_inner / n)
+    kw = dict(method="dense", dense_kernel=method.backend or "stream") if method.kind == "dense" else dict(
+        method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
+    plan = DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                      max_length=L, dtype=shape.dtype, **kw)
+    lengths = cp.full((B,), L, dtype=cp.int32)
+    whole = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False) for q, k, v in inputs]
+    us, _ = time_cupy_graph(cp, whole, n_inner, repeats)
+    rows = [{"stage": "whole call", "us": us}]
+    per_copy = [plan.stage_launchers(q, k, v, lengths) for q, k, v in inputs]
+    for name in per_copy[0]:
+        fns = [stages[name] for stages in per_copy]
+        us, _ = time_cupy_graph(cp, fns, n_inner, repeats)
+        rows.append({"stage": name, "us": us})
+    total = sum(r["us"] for r in rows[1:])
+    for r in rows:
+        r["share"] = r["us"] / total if total else None
+    return rows
+
+
+def stage_table(title: str, rows: list[dict]) -> str:
+    lines = [f"### {title}", "", "| stage | µs | share of the sum of stages |", "|---|---|---|"]
+    for r in rows:
+        share = "-" if r["stage"] == "whole call" or r["share"] is None else f"{100 * r['share']:.0f}%"
+        lines.append(f"| {r['stage']} | {r['us']:.1f} | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+@bench.command("stages")
+@click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--context", default="32k", show_default=True)
+@click.option("--shape", "shape_name", default="llama8b", show_default=True, help=f"One of: {', '.join(SHAPES)}.")
+@click.option("--methods", default="dense,dense-async,santa-global-systematic-256,santa-fixed-systematic-2048",
+              show_default=True, help="Comma-separated methods of ours.")
+@click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True)
+@click.option("--inner", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--mem-gb", type=click.FloatRange(min=1), default=20.0, show_default=True)
+def stages_command(batch, context, shape_name, methods, repeats, inner, mem_gb):
+    """Time each stage of our kernels' pipelines alone (where the time goes)."""
+    shape = parse_shape(shape_name)
+    L = parse_size(context)
+    method_objs = [parse_method(n) for n in parse_list(methods, "methods", str)]
+    for m in method_objs:
+        if m.external:
+            raise click.BadParameter(f"{m.name} is not one of ours", param_hint="--methods")
+    cp = _cupy()
+    l2 = gpu_metadata(cp, None)["l2_bytes"]
+    for m in method_objs:
+        rows = stage_rows(cp, shape, batch, L, m, l2=l2, budget_bytes=int(mem_gb * 1e9), n_inner=inner,
+                          repeats=repeats)
+        click.echo(stage_table(f"{m.name}, {shape.name}, B={batch}, L={fmt_context(L)}", rows))
+
+
 # =================================== end to end ==================================================
 @dataclass(frozen=True)
 class ModelShape:

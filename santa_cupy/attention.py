@@ -198,6 +198,32 @@ class DecodePlan:
         self._merge(lengths, out, kind, self.block_n)
         return out
 
+    def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0):
+        """{stage name: zero-argument callable launching just that stage} in pipeline order, for
+        timing stages one by one (bench stages). Each reads what the previous stages of the last
+        full ``run`` left in the workspaces, so call ``run`` once first."""
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        lengths = self._int32_lengths(lengths)
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        if self.method == "dense":
+            kernel = self.kernels.dense if self.dense_kernel == "stream" else self.kernels.dense_async
+            return {
+                f"dense split-KV ({self.dense_kernel})": lambda: kernels.launch(
+                    kernel, (self.P_max, self.KVH, self.B),
+                    (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
+                     i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
+                    kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)),
+                "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows),
+            }
+        stages = {}
+        if self.budget != "fixed":
+            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
+        stages["tile (sample + gather)"] = lambda: self._tile(q, k_cache, v_cache, lengths, layer, "fused",
+                                                              self._no_counts)
+        kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
+        stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n)
+        return stages
+
     def _output(self, out):
         """The plan's own output buffer, or a caller's after checking it can take o [B, H, D]."""
         if out is None:

@@ -276,3 +276,13 @@ def test_time_cupy_graph_control_flow(capture_ok):
     else:
         assert mode.startswith("eager: capture failed (RuntimeError")
         assert cp.calls[3:] == [0, 1, 2, 0, 1, 2] * 7
+
+
+def test_stage_table_and_argument_errors():
+    rows = [{"stage": "whole call", "us": 10.0, "share": 1.2}, {"stage": "score + prefix", "us": 6.0, "share": 0.75},
+            {"stage": "merge", "us": 2.0, "share": 0.25}]
+    text = bench.stage_table("santa", rows)
+    assert "| whole call | 10.0 | - |" in text and "| score + prefix | 6.0 | 75% |" in text
+    from click.testing import CliRunner
+    res = CliRunner().invoke(bench.bench, ["stages", "--methods", "torch-flash"])
+    assert res.exit_code != 0 and "not one of ours" in res.output

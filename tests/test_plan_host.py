@@ -158,3 +158,19 @@ def test_every_kernel_instance_has_a_definition():
             for name in kernels.instance_names(dtype, d, g, role).values():
                 assert name.split("<")[0] in params
     assert spec.MAX_G == max(kernels.GROUPS)
+
+
+def test_stage_launchers_cover_the_pipeline(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    for method, budget in (("dense", "global"), ("santa", "global"), ("santa", "fixed")):
+        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method,
+                          budget=budget)
+        launches.clear()
+        plan.run(q, k, v, lengths)
+        full = [name for name, *_ in launches]
+        launches.clear()
+        for launch in plan.stage_launchers(q, k, v, lengths).values():
+            launch()
+        assert [name for name, *_ in launches] == full
