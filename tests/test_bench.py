@@ -217,7 +217,7 @@ def test_cli_without_gpu_says_so():
 def test_cli_registers_bench():
     import cli
     assert "bench" in cli.main.commands
-    assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e"}
+    assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e", "stages"}
 
 
 class _FakeCupy:
