@@ -17,4 +17,5 @@ fi
 if [ -z "${SKIP_BENCH:-}" ] && [ -f bench.py ]; then
   python3 bench.py kernels --quick --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>"$OUT/bench.err" | tail -30
   tail -5 "$OUT/bench.err"
+  python3 bench.py stages --batch 16 --context 32k 2>>"$OUT/bench.err" | tee "$OUT/stages.md"
 fi
