@@ -482,15 +482,20 @@ def make_inputs(cp, shape: Shape, B: int, L: int, n: int) -> list[tuple]:
     return out
 
 
-def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner, repeats) -> dict:
-    """One DecodePlan; plan.run(q, k, v, lengths, validate=False) over the rotating inputs. The RNG
-    step is NOT advanced inside the timed graph (each input copy draws its own samples anyway)."""
+def our_plan(method: Method, shape: Shape, B: int, L: int):
+    """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
     from santa_cupy import DecodePlan
 
     kw = dict(method="dense", dense_kernel=method.backend or "stream") if method.kind == "dense" else dict(
         method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
-    plan = DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+    return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)
+
+
+def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner, repeats) -> dict:
+    """One DecodePlan; plan.run(q, k, v, lengths, validate=False) over the rotating inputs. The RNG
+    step is NOT advanced inside the timed graph (each input copy draws its own samples anyway)."""
+    plan = our_plan(method, shape, B, L)
     lengths = cp.full((B,), L, dtype=cp.int32)
     fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False) for q, k, v in inputs]
     us, mode = time_cupy_graph(cp, fns, n_inner, repeats)
@@ -703,17 +708,12 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
 def stage_rows(cp, shape, B, L, method: Method, *, l2, budget_bytes, n_inner, repeats) -> list[dict]:
     """µs of each pipeline stage of one of our methods alone (DecodePlan.stage_launchers), on the
     same rotating inputs as `kernels`, plus the whole call for comparison."""
-    from santa_cupy import DecodePlan
-
     n = copies_for(kv_bytes(shape, B, L), l2, budget_bytes)
     if n == 0:
         raise click.UsageError(f"K+V {fmt_bytes(kv_bytes(shape, B, L))} > --mem-gb")
     inputs = make_inputs(cp, shape, B, L, n)
     n_inner = n * math.ceil(n_inner / n)
-    kw = dict(method="dense", dense_kernel=method.backend or "stream") if method.kind == "dense" else dict(
-        method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
-    plan = DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-                      max_length=L, dtype=shape.dtype, **kw)
+    plan = our_plan(method, shape, B, L)
     lengths = cp.full((B,), L, dtype=cp.int32)
     whole = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False) for q, k, v in inputs]
     us, _ = time_cupy_graph(cp, whole, n_inner, repeats)
