@@ -49,7 +49,8 @@ BUDGETS = ("fixed", "global", "largest_remainder")
 SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
-DEFAULT_METHODS = ("dense", "dense-async", "santa-global-systematic-256", "santa-fixed-systematic-2048")
+DEFAULT_METHODS = ("dense", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-async",
+                   "santa-fixed-systematic-2048")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
 DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
@@ -60,7 +61,8 @@ MAX_COPIES = 64
 @dataclass(frozen=True)
 class Method:
     """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend,
-    dense a kernel version in `backend` ("" = the default kernel, "async" = the cp.async ring)."""
+    dense and santa a kernel version in `backend` ("" = the default kernels, "async" = the cp.async
+    ring for dense / for santa's score pass)."""
 
     kind: str
     budget: str = ""
@@ -71,7 +73,7 @@ class Method:
     @property
     def name(self) -> str:
         if self.kind == "santa":
-            return f"santa-{self.budget}-{self.sampler}-{self.samples}"
+            return f"santa-{self.budget}-{self.sampler}-{self.samples}" + ("-async" if self.backend else "")
         if self.kind == "torch":
             return f"torch-{self.backend}"
         if self.kind == "dense" and self.backend:
@@ -93,13 +95,13 @@ def parse_method(name: str) -> Method:
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
-    if parts[0] == "santa" and len(parts) == 4:
-        _, budget, sampler, s = parts
+    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] == "async"):
+        budget, sampler, s = parts[1:4]
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
-            return Method("santa", budget, sampler, int(s))
+            return Method("santa", budget, sampler, int(s), backend="async" if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-async, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>, e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-async], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -487,7 +489,8 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
     from santa_cupy import DecodePlan
 
     kw = dict(method="dense", dense_kernel=method.backend or "stream") if method.kind == "dense" else dict(
-        method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
+        method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget,
+        score_kernel=method.backend or "stream")
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)
 
@@ -741,7 +744,8 @@ def stage_table(title: str, rows: list[dict]) -> str:
 @click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--context", default="32k", show_default=True)
 @click.option("--shape", "shape_name", default="llama8b", show_default=True, help=f"One of: {', '.join(SHAPES)}.")
-@click.option("--methods", default="dense,dense-async,santa-global-systematic-256,santa-fixed-systematic-2048",
+@click.option("--methods", default="dense,dense-async,santa-global-systematic-256,santa-global-systematic-256-async,"
+              "santa-fixed-systematic-2048",
               show_default=True, help="Comma-separated methods of ours.")
 @click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True)
 @click.option("--inner", type=click.IntRange(min=1), default=10, show_default=True)

@@ -17,11 +17,10 @@
 #include "common.cuh"
 #include "tile.cuh"
 #include "stream.cuh"
+#include "async_copy.cuh"
 
 #define SC_LOG2E 1.4426950408889634f
 #define SC_LN2 0.6931471805599453f
-#define SC_STAGES 4
-#define SC_STAGE_BYTES 8192      // bytes of K (and again of V) per ring stage
 
 template <typename T, int D, int G>
 struct DenseState {
@@ -164,39 +163,7 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
     st.write_partials(reinterpret_cast<float*>(smem), part_o, part_s, part, n_splits);
 }
 
-// ---- v3: cp.async ring ----------------------------------------------------------------------
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool valid) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    const int bytes = valid ? 16 : 0;         // 0: zero-fill the destination, read nothing
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// Issue the copies of rows [row0, row0 + kRows) of K and V (rows >= row_end zero-filled) into one
-// ring stage laid out [2][kRows][D] (K then V, rows contiguous).
-template <typename T, int D, int kRows>
-__device__ __forceinline__ void issue_stage(T* stage, const T* k_cache, const T* v_cache, i64 b, i64 row0,
-                                            i64 row_end, int g, i64 L_max, int KVH) {
-    constexpr int kPiecesPerRow = D * (int)sizeof(T) / 16;
-    constexpr int kPieces = 2 * kRows * kPiecesPerRow;
-    static_assert(kPieces % SC_NTHREADS == 0, "stage must split evenly over the block");
-    constexpr int kElemsPerPiece = 16 / (int)sizeof(T);
-#pragma unroll
-    for (int i = 0; i < kPieces / SC_NTHREADS; ++i) {
-        const int idx = threadIdx.x + i * SC_NTHREADS;
-        const int which = idx / (kRows * kPiecesPerRow);               // 0: K, 1: V
-        const int r = (idx / kPiecesPerRow) % kRows, piece = idx % kPiecesPerRow;
-        const i64 j = row0 + r;
-        const bool valid = j < row_end;
-        const T* src = cache_row<T, D>(which ? v_cache : k_cache, b, valid ? j : row0, g, L_max, KVH)
-                       + piece * kElemsPerPiece;
-        cp_async16(stage + (which * kRows + r) * D + piece * kElemsPerPiece, src, valid);
-    }
-}
-
+// ---- v3: cp.async ring (async_copy.cuh) ------------------------------------------------------
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -222,8 +189,8 @@ decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const
 #pragma unroll
     for (int s = 0; s < SC_STAGES - 1; ++s) {                      // prologue: fill the ring
         if (s < n_stages)
-            issue_stage<T, D, kRows>(ring + s * kStageElems, k_cache, v_cache, b, row_begin + (i64)s * kRows,
-                                     row_end, g, L_max, KVH);
+            issue_stage<T, D, kRows, 2>(ring + s * kStageElems, k_cache, v_cache, b, row_begin + (i64)s * kRows,
+                                        row_end, g, L_max, KVH);
         cp_async_commit();                                         // (possibly empty) group per stage
     }
     GQ gq;
@@ -235,8 +202,8 @@ decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const
         __syncthreads();                     // everyone's have; stage s-1 is fully consumed
         const int next = s + SC_STAGES - 1;
         if (next < n_stages)
-            issue_stage<T, D, kRows>(ring + (next % SC_STAGES) * kStageElems, k_cache, v_cache, b,
-                                     row_begin + (i64)next * kRows, row_end, g, L_max, KVH);
+            issue_stage<T, D, kRows, 2>(ring + (next % SC_STAGES) * kStageElems, k_cache, v_cache, b,
+                                        row_begin + (i64)next * kRows, row_end, g, L_max, KVH);
         cp_async_commit();
         const T* stage = ring + (s % SC_STAGES) * kStageElems;
         const i64 row0 = row_begin + (i64)s * kRows;

@@ -110,7 +110,7 @@ class DecodePlan:
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
-                 dense_kernel="stream"):
+                 dense_kernel="stream", score_kernel="stream"):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -128,6 +128,8 @@ class DecodePlan:
         self.G = heads // kv_heads
         spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
         self.dense_kernel = dense_kernel      # "stream" (v2, default) | "async" (v3, cp.async ring)
+        spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
+        self.score_kernel = score_kernel      # santa pass 1: "stream" (v2, default) | "async" (v3)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -140,6 +142,7 @@ class DecodePlan:
             self.part_rows, self.P_max = self._dense_splits()
         else:
             self.P_max = self.T_max
+            self.score_tiles_per_split = self._score_splits()
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
@@ -154,6 +157,14 @@ class DecodePlan:
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)
+
+    def _score_splits(self):
+        """Tiles per block of the v3 score kernel: B * KVH * blocks fills the GPU ~4x over."""
+        import cupy
+
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
+        return max(1, math.ceil(self.T_max / want))
 
     def _dense_splits(self):
         """(rows per split, splits): B * KVH * splits fills the GPU ~4x over; splits of >= 256 rows."""
@@ -261,9 +272,14 @@ class DecodePlan:
 
     def _score_and_prefix(self, q, k_cache, lengths):
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B),
-                       (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
-                        i32(self.T_max), self.scores, self.part_s))
+        common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
+        if self.score_kernel == "stream":
+            kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
+        else:
+            tps = self.score_tiles_per_split
+            kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
+                           (*common, i32(tps), self.scores, self.part_s),
+                           kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G, "async"))
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),

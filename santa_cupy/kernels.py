@@ -24,7 +24,7 @@ from santa_cupy import spec
 
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
-    "common.cuh", "tile.cuh", "stream.cuh", "santa_sample.cuh", "santa_gather.cuh",
+    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "santa_sample.cuh", "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
@@ -83,8 +83,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
         names["dense_async"] = f"decode_dense_async<{t}, {d}, {g}>"
         return names
     bn = int(role.removeprefix("santa"))
-    names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
-                 prefix="santa_prefix")
+    names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", score_async=f"santa_score_async<{t}, {d}, {bn}, {g}>",
+                 tile=f"santa_tile<{t}, {d}, {bn}, {g}>", prefix="santa_prefix")
     return names
 
 
@@ -108,8 +108,8 @@ def row_groups(head_dim: int) -> int:
     return THREADS // (head_dim // CHUNK)
 
 
-DENSE_STAGES = 4            # SC_STAGES
-DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES (K; V again)
+DENSE_STAGES = 4            # SC_STAGES (async_copy.cuh)
+DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES: bytes of each operand per ring stage
 DENSE_KERNELS = ("stream", "async")   # decode_dense_partial (v2), decode_dense_async (v3)
 
 
@@ -118,6 +118,17 @@ def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
     rg = row_groups(head_dim)
     combine = 4 * (rg * group * head_dim + 2 * rg * group)
     return combine if kernel == "stream" else max(combine, DENSE_STAGES * 2 * DENSE_STAGE_BYTES)
+
+
+SCORE_KERNELS = ("stream", "async")   # santa_score (v2), santa_score_async (v3)
+
+
+def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> int:
+    """v2 uses static shared memory only; v3: the K ring + scores [G][BN] + m, l."""
+    if kernel == "stream":
+        return 0
+    rows = min(block_n, 2 * DENSE_STAGE_BYTES // (head_dim * ITEMSIZE[dtype_name]))
+    return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
@@ -134,6 +145,7 @@ class KernelSet:
     dense: object = None
     dense_async: object = None
     score: object = None
+    score_async: object = None
     tile: object = None
     prefix: object = None
 

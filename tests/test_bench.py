@@ -60,12 +60,13 @@ def test_method_errors(name):
 
 def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
-    assert default == ["dense", "dense-async", "santa-global-systematic-256", "santa-fixed-systematic-2048",
-                       "torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
-    assert [m.name for m in bench.method_list()] == default[:4]
+    ours = ["dense", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-async",
+            "santa-fixed-systematic-2048"]
+    assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
+    assert [m.name for m in bench.method_list()] == ours
     quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
-    assert quick == ["dense", "dense-async", "santa-global-systematic-256", "santa-fixed-systematic-2048",
-                     "torch-flash", "torch-cudnn"]
+    assert quick == ours + ["torch-flash", "torch-cudnn"]
+    assert bench.parse_method("santa-global-iid-64-async").backend == "async"
     assert bench.parse_method("dense-async") == Method("dense", backend="async")
     full = bench.method_list(full=True, have_torch=True)
     santa = [m for m in full if m.kind == "santa"]

@@ -91,6 +91,7 @@ def _inputs(B=2, H=8, KVH=2, D=128, L=300, dtype=np.uint16):
 
 CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
+         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"])]
@@ -102,7 +103,8 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
 
     q, k, v, lengths = _inputs()
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
-                      dense_kernel=dense_kernel)
+                      dense_kernel=dense_kernel if method == "dense" else "stream",
+                      score_kernel=dense_kernel if method == "santa" else "stream")
     out = plan.run(q, k, v, lengths)
     assert out is plan.out
     assert [name for name, *_ in launches] == expected
