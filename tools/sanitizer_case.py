@@ -26,5 +26,8 @@ for budget in spec.BUDGETS:
                           sampler=sampler, budget=budget, block_n=64)
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
+        if budget != "fixed":
+            DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                       budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()
 print("sanitizer case done")
