@@ -30,7 +30,11 @@ RETRIEVAL = dict(lengths="2048,4096", depths="0.25,0.75", needles=2, answer_toke
 
 def main(which: str, stem: str) -> None:
     grid = {"model": MODEL, "model_small_s": MODEL_SMALL_S, "model_default_s": MODEL_DEFAULT_S, "retrieval": RETRIEVAL}[which]
-    which = "retrieval" if which == "retrieval" else "model"
+    run(grid, "retrieval" if which == "retrieval" else "model", stem)
+
+
+def run(grid: dict, which: str, stem: str) -> None:
+    """Run one grid (evaluation `which`: "model" or "retrieval"); write stem.json and stem.md."""
     opts = {k: v for k, v in grid.items() if k != "settings"}
     cfg = E.resolve_config(False, device="cpu", **opts)
     t0 = time.time()
