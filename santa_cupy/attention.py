@@ -20,7 +20,6 @@ import numpy as np
 from santa_cupy import interop, kernels, reference, spec
 
 STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
-DEFAULT_BLOCK_N = {"dense": {64: 64, 128: 64, 256: 64}, "santa": {64: 128, 128: 128, 256: 64}}
 
 
 @dataclass
@@ -51,8 +50,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     largest_remainder), reproducibly from (seed, step, layer). Returns o, or (o, AttentionInfo).
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
-    block_n = block_n or DEFAULT_BLOCK_N[method if method in spec.METHODS else "santa"].get(
-        q.shape[-1] if getattr(q, "ndim", 0) == 3 else 128, spec.DEFAULT_BLOCK_N)
+    block_n = block_n or spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
     shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
                                         sampler=sampler, budget=budget, scale=scale, block_n=block_n)
     _check_int("seed", seed, 0, 2**64 - 1)
@@ -133,7 +131,7 @@ class DecodePlan:
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
-        self.block_n = block_n or DEFAULT_BLOCK_N[method][head_dim]
+        self.block_n = block_n or spec.default_block_n(method, head_dim)
         spec.check_block_n(self.block_n)
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)

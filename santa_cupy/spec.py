@@ -16,6 +16,14 @@ HEAD_DIMS = (64, 128, 256)
 MAX_G = 16  # largest GQA group size G = H // KVH
 BLOCK_NS = (64, 128)  # tile sizes (rows per tile)
 DEFAULT_BLOCK_N = 128
+
+
+def default_block_n(method, head_dim) -> int:
+    """Tile rows when the caller gives none. santa: 128 (64 at head_dim 256, which bounds the
+    tile kernel's shared memory); dense: 64 (only the granularity of its split-KV partitions)."""
+    if method == "dense":
+        return 64
+    return 64 if head_dim == 256 else DEFAULT_BLOCK_N
 METHODS = ("dense", "santa")
 SAMPLERS = ("iid", "stratified", "systematic")
 BUDGETS = ("fixed", "global", "largest_remainder")
