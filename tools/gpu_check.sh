@@ -26,3 +26,15 @@ if [ -z "${SKIP_BENCH:-}" ] && [ -f bench.py ]; then
   tail -5 "$OUT/bench.err"
   python3 bench.py stages --batch 16 --context 32k 2>>"$OUT/bench.err" | tee "$OUT/stages.md"
 fi
+# NCU=1: Nsight Compute sections of the dense and SANTA kernels (8B shapes, 32k), one run each.
+if [ -n "${NCU:-}" ]; then
+  SEC="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
+  for case in "dense 1 32768" "dense 16 32768" "dense 1 32768 --async" "santa-global-systematic-256 16 32768" "santa-global-systematic-256 1 32768"; do
+    tag=$(echo "$case" | tr ' ' '_')
+    timeout 120 ncu --clock-control none $SEC --launch-skip 0 --launch-count 6 \
+      python3 tools/profile_case.py $case --runs 1 > "$OUT/ncu_$tag.txt" 2>&1
+    echo "ncu $tag exit $?"
+    grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Limit Reg" "$OUT/ncu_$tag.txt" | head -60
+  done
+fi
+

@@ -1,0 +1,42 @@
+"""One decode-attention configuration run a few times, for `ncu` (Nsight Compute).
+
+    ncu --clock-control none --section SpeedOfLight python3 tools/profile_case.py dense 1 32768
+    python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--async]
+
+Llama-3.1-8B shapes (H=32, KVH=8, D=128), bf16, random K/V; runs the plan `--runs` times."""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cupy  # noqa: E402
+
+from santa_cupy import DecodePlan  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
+ap.add_argument("batch", type=int)
+ap.add_argument("context", type=int)
+ap.add_argument("--async", dest="use_async", action="store_true", help="v3 cp.async kernels")
+ap.add_argument("--runs", type=int, default=3)
+a = ap.parse_args()
+
+B, H, KVH, D, L = a.batch, 32, 8, 128, a.context
+rs = cupy.random.RandomState(0)
+q = rs.standard_normal((B, H, D), dtype=cupy.float32).astype(cupy.float16).view(cupy.uint16)
+k = (rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0.5).astype(cupy.float16).view(cupy.uint16)
+v = rs.standard_normal((B, L, KVH, D), dtype=cupy.float32).astype(cupy.float16).view(cupy.uint16)
+lengths = cupy.full((B,), L, cupy.int32)
+kind = "async" if a.use_async else "stream"
+if a.method == "dense":
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="float16",
+                      method="dense", dense_kernel=kind)
+else:
+    _, budget, sampler, s = a.method.split("-")
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="float16",
+                      samples=int(s), sampler=sampler, budget=budget, score_kernel=kind)
+for _ in range(a.runs):
+    plan.run(q, k, v, lengths)
+cupy.cuda.Device().synchronize()
+print("profile case done:", a.method, B, L, kind)
