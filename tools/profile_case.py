@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
-from santa_cupy import DecodePlan  # noqa: E402
+from santa_cupy import DecodePlan, spec  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
@@ -24,17 +24,17 @@ a = ap.parse_args()
 
 B, H, KVH, D, L = a.batch, 32, 8, 128, a.context
 rs = cupy.random.RandomState(0)
-q = rs.standard_normal((B, H, D), dtype=cupy.float32).astype(cupy.float16).view(cupy.uint16)
-k = (rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0.5).astype(cupy.float16).view(cupy.uint16)
-v = rs.standard_normal((B, L, KVH, D), dtype=cupy.float32).astype(cupy.float16).view(cupy.uint16)
+q = spec.from_float32(rs.standard_normal((B, H, D), dtype=cupy.float32), "bfloat16", cupy)
+k = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0.5, "bfloat16", cupy)
+v = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32), "bfloat16", cupy)
 lengths = cupy.full((B,), L, cupy.int32)
 kind = "async" if a.use_async else "stream"
 if a.method == "dense":
-    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="float16",
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
                       method="dense", dense_kernel=kind)
 else:
     _, budget, sampler, s = a.method.split("-")
-    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="float16",
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
                       samples=int(s), sampler=sampler, budget=budget, score_kernel=kind)
 for _ in range(a.runs):
     plan.run(q, k, v, lengths)
