@@ -49,7 +49,7 @@ BUDGETS = ("fixed", "global", "largest_remainder")
 SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
-DEFAULT_METHODS = ("dense", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-async",
+DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-async",
                    "santa-fixed-systematic-2048")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
@@ -90,8 +90,8 @@ def parse_method(name: str) -> Method:
     name = name.strip()
     if name in ("dense", "flashinfer"):
         return Method(name)
-    if name == "dense-async":
-        return Method("dense", backend="async")
+    if name in ("dense-stream", "dense-async", "dense-mma"):
+        return Method("dense", backend=name.removeprefix("dense-"))
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
@@ -100,7 +100,7 @@ def parse_method(name: str) -> Method:
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s), backend="async" if len(parts) == 5 else "")
     raise click.BadParameter(
-        f"unknown method {name!r}; expected dense, dense-async, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
         f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-async], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
@@ -488,7 +488,7 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
     """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
     from santa_cupy import DecodePlan
 
-    kw = dict(method="dense", dense_kernel=method.backend or "stream") if method.kind == "dense" else dict(
+    kw = dict(method="dense", dense_kernel=method.backend or "auto") if method.kind == "dense" else dict(
         method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget,
         score_kernel=method.backend or "stream")
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,

@@ -11,6 +11,8 @@
 //   decode_dense_async    (v3) K and V staged through a SC_STAGES-deep shared-memory ring filled
 //                         with cp.async (16-byte copies, L2 only), so the copies of later stages
 //                         are in flight while a stage is computed.
+//   decode_dense_mma      (v4) both products on tensor cores (mma.sync m16n8k16), fp16/bf16 and
+//                         D 64/128 only; see the comment above the kernel.
 //
 // Shared memory (kernels.py: dense_smem_bytes): v2 acc [RG][G][D] f32 | m, l [RG][G] f32;
 // v3 the ring SC_STAGES x 2 x kStageRows x D x T, reused for the combine afterwards.
@@ -18,6 +20,7 @@
 #include "tile.cuh"
 #include "stream.cuh"
 #include "async_copy.cuh"
+#include "mma.cuh"
 
 #define SC_LOG2E 1.4426950408889634f
 #define SC_LN2 0.6931471805599453f
@@ -221,4 +224,158 @@ decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const
     cp_async_wait<0>();
     __syncthreads();                         // the ring is free: reuse it for the combine
     st.write_partials(reinterpret_cast<float*>(smem), part_o, part_s, part, n_splits);
+}
+
+// ---- v4: tensor cores (mma.cuh), 16-bit types, D in {64, 128} ----------------------------------
+// Each warp owns keys base .. base+15 of its split (warps interleaved by 16 keys) and computes
+//   S = Q K^T  as m16n8k16 tiles: rows = the G <= 16 heads of the group (zero-padded to 16),
+//              2 n-tiles of 8 keys, D/16 k-steps;
+//   O += P V   rows = heads, k = the 16 keys (P reused from S's accumulators, FA2 style),
+//              D/8 n-tiles of output dims.
+// Loads stay 16-byte vectors by permuting the reduction and output orders consistently:
+//   q.K: thread t of a group loads elements [t*D/4, (t+1)*D/4) of its key (and of its head's
+//        query); k-step s uses elements 4s..4s+3 of that slice, i.e. its words 2s and 2s+1.
+//   P.V: output n-tile j, column n holds dim n*(D/8) + j, so the thread of group n loads dims
+//        [n*D/8, (n+1)*D/8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs their halves (byte_perm).
+// P is rounded to T for the second product (as FlashAttention does); l sums the unrounded p.
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                 const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
+                 i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+    static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
+    static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
+    constexpr bool kHi = G > 8;              // rows 8..15 of the tile hold heads too
+    constexpr int KS = D / 16;               // k-steps of Q K^T
+    constexpr int NT = D / 8;                // n-tiles of P V
+    constexpr int KW = D / 8;                // words of a thread's K (and Q) slice: D/4 elements
+    constexpr int VW = D / 16;               // words of a thread's V slice: D/8 elements
+    constexpr int kWarps = SC_NTHREADS / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gi = lane >> 2, t = lane & 3;
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
+    i64 row_begin, row_end;
+    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
+        return;
+
+    // Q as A fragments (rows gi and gi + 8 = heads; zero past G).
+    u32 qlo[KW], qhi[KW];
+    load_words<KW>(qlo, q + (b * H + (i64)g * G + gi) * D + t * (D / 4), gi < G);
+    if (kHi) load_words<KW>(qhi, q + (b * H + (i64)g * G + gi + 8) * D + t * (D / 4), gi + 8 < G);
+    else {
+#pragma unroll
+        for (int i = 0; i < KW; ++i) qhi[i] = 0u;
+    }
+    const float mult = scale * SC_LOG2E;     // scores in the log2 domain
+
+    float o[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m_lo = -SC_INF, m_hi = -SC_INF, l_lo = 0.f, l_hi = 0.f;   // rows gi, gi + 8
+
+    for (i64 base = row_begin + 16 * warp; base < row_end; base += 16 * kWarps) {
+        u32 kw[2][KW], vw[4][VW];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const i64 key = base + 8 * j + gi;
+            load_words<KW>(kw[j], cache_row<T, D>(k_cache, b, key < row_end ? key : base, g, L_max, KVH) + t * (D / 4),
+                           key < row_end);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
+            load_words<VW>(vw[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH) + gi * (D / 8),
+                           key < row_end);
+        }
+        // S = Q K^T: s[j] = rows (gi, gi+8) x keys base + 8j + 2t + {0, 1}
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const u32 a[4] = {qlo[2 * ks], qhi[2 * ks], qlo[2 * ks + 1], qhi[2 * ks + 1]};
+                mma_16816<T>(s[j], a, kw[j][2 * ks], kw[j][2 * ks + 1]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool valid = base + 8 * j + 2 * t + (e & 1) < row_end;
+                s[j][e] = valid ? s[j][e] * mult : -SC_INF;
+            }
+        }
+        // Online softmax per row; the 4 threads of a group share a row's max.
+        float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+            mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+        }
+        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+        const float ref_lo = mn_lo == -SC_INF ? 0.f : mn_lo, ref_hi = mn_hi == -SC_INF ? 0.f : mn_hi;
+        const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
+        m_lo = mn_lo; m_hi = mn_hi;
+        float p[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            p[j][0] = exp2f(s[j][0] - ref_lo); p[j][1] = exp2f(s[j][1] - ref_lo);
+            p[j][2] = exp2f(s[j][2] - ref_hi); p[j][3] = exp2f(s[j][3] - ref_hi);
+        }
+        l_lo = l_lo * alpha_lo + (p[0][0] + p[0][1] + p[1][0] + p[1][1]);
+        l_hi = l_hi * alpha_hi + (p[0][2] + p[0][3] + p[1][2] + p[1][3]);
+        const u32 pa[4] = {pack2<T>(p[0][0], p[0][1]), kHi ? pack2<T>(p[0][2], p[0][3]) : 0u,
+                           pack2<T>(p[1][0], p[1][1]), kHi ? pack2<T>(p[1][2], p[1][3]) : 0u};
+        // O = alpha O + P V, n-tile j = dims n*(D/8) + j of the group-n thread's slice
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            o[j][0] *= alpha_lo; o[j][1] *= alpha_lo;
+            if (kHi) { o[j][2] *= alpha_hi; o[j][3] *= alpha_hi; }
+            const u32 b0 = pair_halves(vw[0][j / 2], vw[1][j / 2], j & 1);
+            const u32 b1 = pair_halves(vw[2][j / 2], vw[3][j / 2], j & 1);
+            mma_16816<T>(o[j], pa, b0, b1);
+        }
+    }
+    // A row's l: sum over the group's 4 threads (each summed its own columns).
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    // Combine the warps through shared memory: acc [W][G][D] | m [W][G] | l [W][G].
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* acc_s = reinterpret_cast<float*>(smem);
+    float* m_s = acc_s + kWarps * G * D;
+    float* l_s = m_s + kWarps * G;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int h = gi + 8 * half;
+        if (h >= G || (half == 1 && !kHi)) continue;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc_s[(warp * G + h) * D + (2 * t) * (D / 8) + j] = o[j][2 * half];
+            acc_s[(warp * G + h) * D + (2 * t + 1) * (D / 8) + j] = o[j][2 * half + 1];
+        }
+        if (t == 0) {
+            m_s[warp * G + h] = half ? m_hi : m_lo;
+            l_s[warp * G + h] = half ? l_hi : l_lo;
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
+        const int h = idx / D, d = idx % D;
+        float M = -SC_INF;
+        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * G + h]);
+        float acc = 0.f, L = 0.f;
+        for (int w = 0; w < kWarps; ++w) {
+            const float mw = m_s[w * G + h];
+            if (mw == -SC_INF) continue;
+            const float wt = exp2f(mw - M);
+            acc = fmaf(wt, acc_s[(w * G + h) * D + d], acc);
+            L = fmaf(wt, l_s[w * G + h], L);
+        }
+        part_o[(part + (i64)h * n_splits) * D + d] = acc;
+        if (d == 0) part_s[part + (i64)h * n_splits] = make_float4(M * SC_LN2, L, 0.f, 0.f);
+    }
 }

@@ -1,6 +1,6 @@
 // merge.cu — merge per-part partials into the attention output, its log-sum-exp and spread.
 //
-// grid (H, B), block SC_MERGE_THREADS. Parts are dense splits (part_rows = rows per split) or santa
+// grid (H, B), block SC_MERGE_THREADS (below). Parts are dense splits (part_rows = rows per split) or santa
 // tiles (part_rows = BN); sequence b has ceil(n_b / part_rows) of them. part_s = (m, l, m2, q2).
 // kind 0 dense:  o = sum_p e^(m_p - m*) part_o_p / Z,           Z = sum_p e^(m_p - m*) l_p
 // kind 1 fixed:  o = sum_t (W_t/Z) part_o_t / S_t,             S_t = max(1, S // T_b)
@@ -13,21 +13,63 @@
 #define SC_MERGE_FIXED 1
 #define SC_MERGE_SUM 2
 
-#define SC_MERGE_THREADS 256
+#define SC_MERGE_THREADS 512
+#define SC_MERGE_UNROLL 4        // parts in flight per warp
 
-__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
-    v = is_max ? warp_max(v) : warp_sum(v);
+// Online (max, sum) pair: the log-sum-exp of parts seen so far is m + log z.
+__device__ __forceinline__ void lse_push(float& m, float& z, float m_p, float z_p) {
+    if (z_p <= 0.f) return;
+    if (m_p > m) { z = z * __expf(m - m_p) + z_p; m = m_p; }
+    else z += z_p * __expf(m_p - m);
+}
+
+// Block-wide combine of the (m, z) pairs; every thread gets the result.
+__device__ __forceinline__ void block_lse(float& m, float& z, float* red_m, float* red_z) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, off), zo = __shfl_xor_sync(0xffffffffu, z, off);
+        lse_push(m, z, mo, zo);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { red_m[warp] = m; red_z[warp] = z; }
+    __syncthreads();
+    m = -SC_INF; z = 0.f;
+    for (int w = 0; w < SC_MERGE_THREADS / 32; ++w) lse_push(m, z, red_m[w], red_z[w]);
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = red[0];
-    for (int w = 1; w < SC_MERGE_THREADS / 32; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+    v = 0.f;
+    for (int w = 0; w < SC_MERGE_THREADS / 32; ++w) v += red[w];
     return v;
 }
 
-// grid (H, B), block SC_MERGE_THREADS: warp w merges parts w, w + 8, ... with its lanes over D
-// (D/32 consecutive floats each), then the 8 warps are summed through shared memory.
+// kPerLane consecutive floats (D / 32 = 2, 4 or 8) as one or two vector loads.
+template <int N>
+__device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) {
+            const float4 x = *reinterpret_cast<const float4*>(src + i);
+            v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i += 2) {
+            const float2 x = *reinterpret_cast<const float2*>(src + i);
+            v[i] = x.x; v[i + 1] = x.y;
+        }
+    }
+}
+
+// grid (H, B), block SC_MERGE_THREADS (16 warps). Pass 1: one read of part_s gives m* and Z
+// (online log-sum-exp). Pass 2: warp w merges parts w, w + 16, ..., SC_MERGE_UNROLL of them in
+// flight, its lanes over D (D/32 consecutive floats each, vector loads); the warps are summed
+// through shared memory. The latency chain is two global round trips plus the output write.
 template <typename T, int D>
 __global__ void __launch_bounds__(SC_MERGE_THREADS)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
@@ -35,8 +77,9 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
             float* __restrict__ lse, float* __restrict__ spread) {
     constexpr int kWarps = SC_MERGE_THREADS / 32;
     constexpr int kPerLane = D / 32;
-    __shared__ float red[kWarps];
-    __shared__ float o_w[kWarps][D];
+    constexpr int U = SC_MERGE_UNROLL;
+    __shared__ float red_m[kWarps], red_z[kWarps];
+    __shared__ __align__(16) float o_w[kWarps][D];
     __shared__ float var_w[kWarps], m2_w[kWarps];
     const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 b = blockIdx.y;
@@ -45,12 +88,12 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
     const float4* st = part_s + bh * P_max;
     const float* po = part_o + bh * P_max * D;
 
-    float m_star = -SC_INF;
-    for (int p = threadIdx.x; p < n_parts; p += SC_MERGE_THREADS) if (st[p].y > 0.f) m_star = fmaxf(m_star, st[p].x);
-    m_star = block_reduce(m_star, red, true);
-    float z = 0.f;
-    for (int p = threadIdx.x; p < n_parts; p += SC_MERGE_THREADS) if (st[p].y > 0.f) z += __expf(st[p].x - m_star) * st[p].y;
-    z = block_reduce(z, red, false);
+    float m_star = -SC_INF, z = 0.f;
+    for (int p = threadIdx.x; p < n_parts; p += SC_MERGE_THREADS) {
+        const float4 s4 = st[p];
+        if (s4.y > 0.f) lse_push(m_star, z, s4.x, s4.y);
+    }
+    block_lse(m_star, z, red_m, red_z);
 
     const float S = (float)samples;
     const float s_t = (float)max(1, samples / max(n_parts, 1));
@@ -58,21 +101,29 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
     float var = 0.f, m2 = 0.f;
-#pragma unroll 2
-    for (int p = warp; p < n_parts; p += kWarps) {
-        const float4 s4 = st[p];
-        if (!(s4.y > 0.f)) continue;
-        if (kind == SC_MERGE_SUM && s4.z == 0.f && s4.w == 0.f) continue;   // tile without samples
-        float w;
-        if (kind == SC_MERGE_DENSE) w = __expf(s4.x - m_star) / z;
-        else if (kind == SC_MERGE_FIXED) {
-            const float wt = __expf(s4.x - m_star) * s4.y / z;
-            w = wt / s_t;
-            var += wt * wt * fmaxf(0.f, s4.z - s4.w / s_t) / (s_t * s_t);
-        } else { w = 1.f / S; m2 += s4.z; }
-        const float* src = po + (i64)p * D + lane * kPerLane;
+    for (int p0 = warp; p0 < n_parts; p0 += kWarps * U) {
+        float4 s4[U];
+        float v[U][kPerLane];
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) o[i] = fmaf(w, src[i], o[i]);
+        for (int u = 0; u < U; ++u) {                       // issue every load first
+            const int p = p0 + u * kWarps;
+            s4[u] = p < n_parts ? st[p] : make_float4(-SC_INF, 0.f, 0.f, 0.f);
+            if (p < n_parts) load_lane<kPerLane>(po + (i64)p * D + lane * kPerLane, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (!(s4[u].y > 0.f)) continue;                  // empty part (or past n_parts)
+            if (kind == SC_MERGE_SUM && s4[u].z == 0.f && s4[u].w == 0.f) continue;   // tile without samples
+            float w;
+            if (kind == SC_MERGE_DENSE) w = __expf(s4[u].x - m_star) / z;
+            else if (kind == SC_MERGE_FIXED) {
+                const float wt = __expf(s4[u].x - m_star) * s4[u].y / z;
+                w = wt / s_t;
+                var += wt * wt * fmaxf(0.f, s4[u].z - s4[u].w / s_t) / (s_t * s_t);
+            } else { w = 1.f / S; m2 += s4[u].z; }
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) o[i] = fmaf(w, v[u][i], o[i]);
+        }
     }
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) o_w[warp][lane * kPerLane + i] = o[i];
@@ -88,7 +139,7 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
         sq = fmaf(sum, sum, sq);
     }
     if (kind == SC_MERGE_SUM) {
-        sq = block_reduce(sq, red, false);
+        sq = block_sum(sq, red_m);
         var = fmaxf(0.f, m2 / S - sq) / S;
     }
     if (threadIdx.x == 0) {

@@ -108,7 +108,7 @@ class DecodePlan:
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
-                 dense_kernel="stream", score_kernel="stream"):
+                 dense_kernel="auto", score_kernel="stream"):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -125,7 +125,9 @@ class DecodePlan:
         self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
         self.G = heads // kv_heads
         spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
-        self.dense_kernel = dense_kernel      # "stream" (v2, default) | "async" (v3, cp.async ring)
+        # "stream" (v2) | "async" (v3, cp.async ring) | "mma" (v4, tensor cores); "auto": v4 where it
+        # has an instance (fp16/bf16, D 64/128), else v2
+        self.dense_kernel = kernels.resolve_dense_kernel(dense_kernel, dtype, head_dim)
         spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
         self.score_kernel = score_kernel      # santa pass 1: "stream" (v2, default) | "async" (v3)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
@@ -165,14 +167,23 @@ class DecodePlan:
         return max(1, math.ceil(self.T_max / want))
 
     def _dense_splits(self):
-        """(rows per split, splits): B * KVH * splits fills the GPU ~4x over; splits of >= 256 rows."""
+        """(rows per split, splits): whole waves of resident blocks over B * KVH * splits, splits of
+        >= 256 rows (kernels.wave_fitted_parts)."""
         import cupy
 
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
-        rows = max(256, math.ceil(self.L_max / want))
-        rows = -(-rows // self.block_n) * self.block_n
-        return rows, math.ceil(self.L_max / rows)
+        attrs = cupy.cuda.Device().attributes
+        kernel = self._dense_function()
+        smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
+        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        max_splits = max(1, -(-self.L_max // 256))
+        splits = kernels.wave_fitted_parts(self.B * self.KVH, max_splits, slots)
+        rows = -(-self.L_max // splits)
+        rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
+        return rows, -(-self.L_max // rows)
+
+    def _dense_function(self):
+        return {"stream": self.kernels.dense, "async": self.kernels.dense_async,
+                "mma": self.kernels.dense_mma}[self.dense_kernel]
 
     # ---- launches ---------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
@@ -192,8 +203,7 @@ class DecodePlan:
         out = self._output(out)
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernel = self.kernels.dense if self.dense_kernel == "stream" else self.kernels.dense_async
-            kernels.launch(kernel, (self.P_max, self.KVH, self.B),
+            kernels.launch(self._dense_function(), (self.P_max, self.KVH, self.B),
                            (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
                             i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
                            kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
@@ -215,7 +225,7 @@ class DecodePlan:
         lengths = self._int32_lengths(lengths)
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernel = self.kernels.dense if self.dense_kernel == "stream" else self.kernels.dense_async
+            kernel = self._dense_function()
             return {
                 f"dense split-KV ({self.dense_kernel})": lambda: kernels.launch(
                     kernel, (self.P_max, self.KVH, self.B),

@@ -24,7 +24,7 @@ from santa_cupy import spec
 
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
-    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "santa_sample.cuh", "santa_gather.cuh",
+    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "santa_sample.cuh", "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
@@ -38,7 +38,7 @@ NVRTC_OPTIONS = ("-std=c++17",)
 THREADS = 128       # SC_NTHREADS
 CHUNK = 8           # SC_CHUNK
 PREFIX_THREADS = 256
-MERGE_THREADS = 256
+MERGE_THREADS = 512
 HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 BUDGET_CODE = {"fixed": 0, "global": 1, "largest_remainder": 2}
 SAMPLER_CODE = {"iid": 0, "stratified": 1, "systematic": 2}
@@ -81,6 +81,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if role == "dense":
         names["dense"] = f"decode_dense_partial<{t}, {d}, {g}>"
         names["dense_async"] = f"decode_dense_async<{t}, {d}, {g}>"
+        if mma_supported(dtype_name, head_dim):
+            names["dense_mma"] = f"decode_dense_mma<{t}, {d}, {g}>"
         return names
     bn = int(role.removeprefix("santa"))
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", score_async=f"santa_score_async<{t}, {d}, {bn}, {g}>",
@@ -110,11 +112,31 @@ def row_groups(head_dim: int) -> int:
 
 DENSE_STAGES = 4            # SC_STAGES (async_copy.cuh)
 DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES: bytes of each operand per ring stage
-DENSE_KERNELS = ("stream", "async")   # decode_dense_partial (v2), decode_dense_async (v3)
+DENSE_KERNELS = ("auto", "stream", "async", "mma")   # v2 decode_dense_partial, v3 _async, v4 _mma
+MMA_DTYPES, MMA_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # decode_dense_mma's instances
+
+
+def mma_supported(dtype_name, head_dim) -> bool:
+    """Whether the tensor-core dense kernel (v4) has an instance for this dtype and head_dim."""
+    return dtype_name in MMA_DTYPES and head_dim in MMA_HEAD_DIMS
+
+
+def resolve_dense_kernel(choice, dtype_name, head_dim) -> str:
+    """"auto" -> "mma" where it exists, else "stream"; an explicit "mma" must exist."""
+    if choice == "auto":
+        return "mma" if mma_supported(dtype_name, head_dim) else "stream"
+    if choice == "mma" and not mma_supported(dtype_name, head_dim):
+        raise ValueError(f"dense_kernel='mma' needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
+                         f"got dtype={dtype_name!r}, head_dim={head_dim}")
+    return choice
 
 
 def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
-    """v2: the row-group combine; v3: max(cp.async ring, combine) (the ring is reused)."""
+    """v2: the row-group combine; v3: max(cp.async ring, combine) (the ring is reused);
+    v4: the combine of the block's THREADS // 32 warps."""
+    if kernel == "mma":
+        warps = THREADS // 32
+        return 4 * (warps * group * head_dim + 2 * warps * group)
     rg = row_groups(head_dim)
     combine = 4 * (rg * group * head_dim + 2 * rg * group)
     return combine if kernel == "stream" else max(combine, DENSE_STAGES * 2 * DENSE_STAGE_BYTES)
@@ -144,6 +166,7 @@ class KernelSet:
     advance: object
     dense: object = None
     dense_async: object = None
+    dense_mma: object = None
     score: object = None
     score_async: object = None
     tile: object = None
@@ -176,6 +199,36 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
     kernel(tuple(int(x) for x in grid), (threads,), tuple(args), shared_mem=shared_mem)
+
+
+def resident_blocks(kernel, threads: int = THREADS, shared_mem: int = 0, device_attributes=None) -> int:
+    """Blocks of ``kernel`` that one SM holds at once, limited by registers, shared memory and
+    threads (the occupancy calculator's arithmetic; registers are allocated per warp in units of
+    256). Falls back to 4 when the kernel does not report its register count."""
+    attrs = device_attributes or {}
+    regs = getattr(kernel, "num_regs", None)
+    if not isinstance(regs, int) or regs <= 0:
+        return 4
+    warps = -(-threads // 32)
+    regs_per_warp = -(-regs * 32 // 256) * 256
+    by_regs = attrs.get("MaxRegistersPerMultiprocessor", 65536) // (regs_per_warp * warps)
+    static = getattr(kernel, "shared_size_bytes", 0)
+    static = static if isinstance(static, int) else 0
+    smem = shared_mem + static + 1024                       # + the driver's 1 KiB per block
+    by_smem = attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024) // smem
+    by_threads = attrs.get("MaxThreadsPerMultiProcessor", 2048) // threads
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def wave_fitted_parts(groups: int, max_parts: int, slots: int, tolerance: float = 0.95) -> int:
+    """Parts per group (1..max_parts) so that groups * parts blocks fill whole waves of ``slots``
+    resident blocks: the fewest parts whose wave efficiency, blocks / (waves * slots), is within
+    ``tolerance`` of the best. (A grid of 1.03 waves runs two full block times for 1.03 of work.)"""
+    def efficiency(p):
+        blocks = groups * p
+        return blocks / (-(-blocks // slots) * slots)
+    best = max(efficiency(p) for p in range(1, max_parts + 1))
+    return next(p for p in range(1, max_parts + 1) if efficiency(p) >= tolerance * best)
 
 
 i32, i64, u64, f32, f64 = np.int32, np.int64, np.uint64, np.float32, np.float64

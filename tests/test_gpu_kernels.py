@@ -37,9 +37,12 @@ def _as_float(x):
     return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
 
 
-@pytest.mark.parametrize("kernel", ["stream", "async"])
+@pytest.mark.parametrize("kernel", ["stream", "async", "mma"])
 @pytest.mark.parametrize("dtype,D,G", list(itertools.product(DTYPES, DIMS, GROUPS)))
 def test_dense_matches_reference(dtype, D, G, kernel):
+    from santa_cupy import kernels
+    if kernel == "mma" and not kernels.mma_supported(dtype, D):
+        pytest.skip("no tensor-core instance for this dtype / head_dim")
     rng = np.random.default_rng(hash((dtype, D, G)) % 2**32)
     KVH = 2
     block_n = 64
@@ -53,6 +56,20 @@ def test_dense_matches_reference(dtype, D, G, kernel):
     o = _as_float(o)
     assert np.isfinite(o).all(), "output not fully written"
     assert rel_l2(o, ref_o) < DENSE_TOL[dtype]
+    assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("G", [12, 16])
+def test_dense_mma_two_row_halves(G):
+    """G > 8 fills rows 8..15 of the tensor-core tile: every head must still match."""
+    rng = np.random.default_rng(G)
+    lengths = [1, 15, 17, 300]
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, 128, 305, lengths, "float16")
+    ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
+    plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=128, max_length=305, dtype="float16",
+                          method="dense", dense_kernel="mma")
+    o = _as_float(plan.run(*to_gpu(q, k, v, lens)))
+    assert np.isfinite(o).all() and rel_l2(o, ref_o) < DENSE_TOL["float16"]
     assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
 
 

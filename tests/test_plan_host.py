@@ -91,6 +91,8 @@ def _inputs(B=2, H=8, KVH=2, D=128, L=300, dtype=np.uint16):
 
 CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
+         ("dense", "global", "mma", ["decode_dense_mma", "santa_merge"]),
+         ("dense", "global", "auto", ["decode_dense_mma", "santa_merge"]),
          ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
@@ -105,6 +107,7 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
                       dense_kernel=dense_kernel if method == "dense" else "stream",
                       score_kernel=dense_kernel if method == "santa" else "stream")
+    assert plan.dense_kernel == ("mma" if dense_kernel == "auto" else dense_kernel) or method != "dense"
     out = plan.run(q, k, v, lengths)
     assert out is plan.out
     assert [name for name, *_ in launches] == expected
@@ -116,7 +119,7 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
                 assert isinstance(arg, np.ndarray), f"{name}({param}): pointer expected, got {type(arg)}"
             else:
                 assert type(arg) is scalar, f"{name}({param}): {scalar.__name__} expected, got {type(arg)}"
-        assert all(int(x) >= 1 for x in grid) and block[0] in (1, 128, 256)
+        assert all(int(x) >= 1 for x in grid) and block[0] in (1, kernels.THREADS, kernels.PREFIX_THREADS, kernels.MERGE_THREADS)
         assert smem <= 227 * 1024
     first = launches[0]
     assert first[3][0] is q and first[3][1] is k                      # q, k_cache lead every stage
@@ -176,3 +179,40 @@ def test_stage_launchers_cover_the_pipeline(launches):
         for launch in plan.stage_launchers(q, k, v, lengths).values():
             launch()
         assert [name for name, *_ in launches] == full
+
+
+def test_dense_kernel_auto_and_mma_limits(launches):
+    from santa_cupy import DecodePlan
+
+    kw = dict(batch=2, heads=8, kv_heads=2, max_length=300, method="dense")
+    assert DecodePlan(head_dim=128, dtype="bfloat16", **kw).dense_kernel == "mma"
+    assert DecodePlan(head_dim=64, dtype="float16", **kw).dense_kernel == "mma"
+    assert DecodePlan(head_dim=256, dtype="bfloat16", **kw).dense_kernel == "stream"
+    assert DecodePlan(head_dim=128, dtype="float32", **kw).dense_kernel == "stream"
+    with pytest.raises(ValueError, match="dense_kernel='mma' needs"):
+        DecodePlan(head_dim=256, dtype="bfloat16", dense_kernel="mma", **kw)
+
+
+@pytest.mark.parametrize("groups,max_parts,slots,want", [
+    (8, 128, 528, 63),      # B=1 x KVH=8: the fewest splits within 5% of a full wave (504 of 528)
+    (32, 128, 528, 16),     # B=4: 16 splits (512 blocks), never 17 (544 = 1.03 waves)
+    (128, 128, 528, 4),     # B=16: 4 splits, 512 blocks, not 5 (640 = 1.21 waves)
+    (128, 2, 528, 2),       # capped by the rows a split must have
+    (1056, 50, 528, 1),     # two full waves of groups already: one part each
+])
+def test_wave_fitted_parts(groups, max_parts, slots, want):
+    got = kernels.wave_fitted_parts(groups, max_parts, slots)
+    assert got == want
+    blocks = groups * got
+    waves = -(-blocks // slots)
+    assert blocks / (waves * slots) >= 0.95 * max(groups * p / (-(-groups * p // slots) * slots)
+                                                  for p in range(1, max_parts + 1))
+
+
+def test_resident_blocks_arithmetic():
+    k = types.SimpleNamespace(num_regs=128, shared_size_bytes=0)
+    assert kernels.resident_blocks(k, 128, 16 * 1024) == 4            # registers: 65536 / (128 * 128)
+    assert kernels.resident_blocks(types.SimpleNamespace(num_regs=64), 128, 21 * 1024) == 8
+    assert kernels.resident_blocks(types.SimpleNamespace(num_regs=32), 128, 100 * 1024) == 2   # shared memory
+    assert kernels.resident_blocks(types.SimpleNamespace(num_regs=16), 128, 0) == 16           # threads
+    assert kernels.resident_blocks(object(), 128, 0) == 4                                     # unknown: fallback

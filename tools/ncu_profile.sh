@@ -8,7 +8,7 @@ export PYTHONPATH=.
 SEC="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
 SEC="$SEC --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
 if [ $# -eq 0 ]; then
-  set -- "dense 1 32768" "dense 16 32768" "dense 16 32768 --async" \
+  set -- "dense 1 32768" "dense 16 32768" "dense 1 32768 --kernel stream" \
          "santa-global-systematic-256 1 32768" "santa-global-systematic-256 16 32768"
 fi
 for case in "$@"; do

@@ -18,7 +18,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
 ap.add_argument("batch", type=int)
 ap.add_argument("context", type=int)
-ap.add_argument("--async", dest="use_async", action="store_true", help="v3 cp.async kernels")
+ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score: stream|async")
 ap.add_argument("--runs", type=int, default=3)
 a = ap.parse_args()
 
@@ -28,14 +28,14 @@ q = spec.from_float32(rs.standard_normal((B, H, D), dtype=cupy.float32), "bfloat
 k = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0.5, "bfloat16", cupy)
 v = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32), "bfloat16", cupy)
 lengths = cupy.full((B,), L, cupy.int32)
-kind = "async" if a.use_async else "stream"
+kind = a.kernel
 if a.method == "dense":
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
                       method="dense", dense_kernel=kind)
 else:
     _, budget, sampler, s = a.method.split("-")
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
-                      samples=int(s), sampler=sampler, budget=budget, score_kernel=kind)
+                      samples=int(s), sampler=sampler, budget=budget, score_kernel="stream" if kind == "auto" else kind)
 for _ in range(a.runs):
     plan.run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()

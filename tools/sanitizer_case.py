@@ -18,8 +18,9 @@ k = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "b
 v = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
 q, k, v, lengths = (cupy.asarray(a) for a in (q, k, v, lengths))
 decode_attention(q, k, v, lengths, method="dense")
-DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, method="dense",
-           dense_kernel="async").run(q, k, v, lengths)
+for kind in ("stream", "async", "mma"):
+    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, method="dense",
+               dense_kernel=kind).run(q, k, v, lengths)
 for budget in spec.BUDGETS:
     for sampler in spec.SAMPLERS:
         plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,

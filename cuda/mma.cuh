@@ -1,0 +1,55 @@
+// mma.cuh — warp-level tensor-core helpers for the 16-bit types (mma.sync.m16n8k16, sm_80+).
+//
+// Fragment layout of mma.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
+// gi = lane / 4 (group) and t = lane % 4 (thread in group); each 32-bit register packs two
+// 16-bit elements, the lower index in the low half:
+//   A (16 x 16, row-major):  a[0] = A[gi][2t, 2t+1]     a[1] = A[gi+8][2t, 2t+1]
+//                            a[2] = A[gi][2t+8, 2t+9]   a[3] = A[gi+8][2t+8, 2t+9]
+//   B (16 x 8, "col"):       b[0] = B[2t, 2t+1][gi]     b[1] = B[2t+8, 2t+9][gi]
+//   C, D (16 x 8, f32):      c[0], c[1] = C[gi][2t, 2t+1]    c[2], c[3] = C[gi+8][2t, 2t+1]
+#pragma once
+
+// d = a * b + d for T = f16_t or bf16_t operands, f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<bf16_t>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<f16_t>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to T and packed: lo in bits 0..15, hi in bits 16..31.
+template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<bf16_t>(float lo, float hi) {
+    u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
+    u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+
+// The low (half 0) or high (half 1) 16-bit elements of x and y, packed as (x's, y's).
+__device__ __forceinline__ u32 pair_halves(u32 x, u32 y, int half) {
+    return __byte_perm(x, y, half ? 0x7632 : 0x5410);
+}
+
+// n consecutive 32-bit words from global memory as 16-byte loads (n a multiple of 4), or zeros.
+template <int N>
+__device__ __forceinline__ void load_words(u32 (&w)[N], const void* src, bool valid) {
+    static_assert(N % 4 == 0, "whole 16-byte loads");
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const uint4 x = valid ? p[i] : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
+    }
+}
