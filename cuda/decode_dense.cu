@@ -238,6 +238,97 @@ decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const
 //   P.V: output n-tile j, column n holds dim n*(D/8) + j, so the thread of group n loads dims
 //        [n*D/8, (n+1)*D/8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs their halves (byte_perm).
 // P is rounded to T for the second product (as FlashAttention does); l sums the unrounded p.
+// Each warp keeps two register buffers of K/V slices: step i+1's loads fly while step i computes.
+// The K and V slices one thread holds for one 16-key step.
+template <int D>
+struct MmaStepLoads {
+    u32 k[2][D / 8];          // keys base + 8j + gi, elements [t*D/4, (t+1)*D/4)
+    u32 v[4][D / 16];         // keys base + 2t + {0, 1, 8, 9}, dims [gi*D/8, (gi+1)*D/8)
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const T* k_cache, const T* v_cache, i64 b,
+                                              i64 base, i64 row_end, int g, i64 L_max, int KVH, int gi, int t) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const i64 key = base + 8 * j + gi;
+        load_words<D / 8>(ld.k[j], cache_row<T, D>(k_cache, b, key < row_end ? key : base, g, L_max, KVH) + t * (D / 4),
+                          key < row_end);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
+        load_words<D / 16>(ld.v[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH) + gi * (D / 8),
+                           key < row_end);
+    }
+}
+
+// Online-softmax state of one thread: O fragments and the (m, l) of rows gi and gi + 8.
+template <typename T, int D, int G>
+struct MmaDenseState {
+    static constexpr bool kHi = G > 8;      // rows 8..15 of the tile hold heads too
+    static constexpr int KS = D / 16, NT = D / 8;
+    float o[NT][4];
+    float m_lo, m_hi, l_lo, l_hi;
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+        m_lo = m_hi = -SC_INF; l_lo = l_hi = 0.f;
+    }
+
+    // One 16-key step: S = Q K^T, online softmax, O = alpha O + P V.
+    __device__ __forceinline__ void step(const u32 (&qlo)[D / 8], const u32 (&qhi)[D / 8], const MmaStepLoads<D>& ld,
+                                         i64 base, i64 row_end, float mult, int t) {
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const u32 a[4] = {qlo[2 * ks], qhi[2 * ks], qlo[2 * ks + 1], qhi[2 * ks + 1]};
+                mma_16816<T>(s[j], a, ld.k[j][2 * ks], ld.k[j][2 * ks + 1]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool valid = base + 8 * j + 2 * t + (e & 1) < row_end;
+                s[j][e] = valid ? s[j][e] * mult : -SC_INF;
+            }
+        }
+        // The 4 threads of a group share a row's max.
+        float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+            if (kHi) mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+        }
+        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+        const float ref_lo = mn_lo == -SC_INF ? 0.f : mn_lo, ref_hi = mn_hi == -SC_INF ? 0.f : mn_hi;
+        const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
+        m_lo = mn_lo; m_hi = mn_hi;
+        float p[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            p[j][0] = exp2f(s[j][0] - ref_lo); p[j][1] = exp2f(s[j][1] - ref_lo);
+            p[j][2] = kHi ? exp2f(s[j][2] - ref_hi) : 0.f; p[j][3] = kHi ? exp2f(s[j][3] - ref_hi) : 0.f;
+        }
+        l_lo = l_lo * alpha_lo + (p[0][0] + p[0][1] + p[1][0] + p[1][1]);
+        if (kHi) l_hi = l_hi * alpha_hi + (p[0][2] + p[0][3] + p[1][2] + p[1][3]);
+        const u32 pa[4] = {pack2<T>(p[0][0], p[0][1]), kHi ? pack2<T>(p[0][2], p[0][3]) : 0u,
+                           pack2<T>(p[1][0], p[1][1]), kHi ? pack2<T>(p[1][2], p[1][3]) : 0u};
+        // n-tile j = dims n*(D/8) + j of the group-n thread's V slice
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            o[j][0] *= alpha_lo; o[j][1] *= alpha_lo;
+            if (kHi) { o[j][2] *= alpha_hi; o[j][3] *= alpha_hi; }
+            const u32 b0 = pair_halves(ld.v[0][j / 2], ld.v[1][j / 2], j & 1);
+            const u32 b1 = pair_halves(ld.v[2][j / 2], ld.v[3][j / 2], j & 1);
+            mma_16816<T>(o[j], pa, b0, b1);
+        }
+    }
+};
+
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -245,12 +336,11 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
-    constexpr bool kHi = G > 8;              // rows 8..15 of the tile hold heads too
-    constexpr int KS = D / 16;               // k-steps of Q K^T
-    constexpr int NT = D / 8;                // n-tiles of P V
-    constexpr int KW = D / 8;                // words of a thread's K (and Q) slice: D/4 elements
-    constexpr int VW = D / 16;               // words of a thread's V slice: D/8 elements
+    using State = MmaDenseState<T, D, G>;
+    constexpr int NT = D / 8;
+    constexpr int KW = D / 8;                // words of a thread's Q slice: D/4 elements
     constexpr int kWarps = SC_NTHREADS / 32;
+    constexpr int kStep = 16 * kWarps;       // keys per block per step
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, t = lane & 3;
     const int g = blockIdx.y;
@@ -263,80 +353,32 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     // Q as A fragments (rows gi and gi + 8 = heads; zero past G).
     u32 qlo[KW], qhi[KW];
     load_words<KW>(qlo, q + (b * H + (i64)g * G + gi) * D + t * (D / 4), gi < G);
-    if (kHi) load_words<KW>(qhi, q + (b * H + (i64)g * G + gi + 8) * D + t * (D / 4), gi + 8 < G);
+    if (State::kHi) load_words<KW>(qhi, q + (b * H + (i64)g * G + gi + 8) * D + t * (D / 4), gi + 8 < G);
     else {
 #pragma unroll
         for (int i = 0; i < KW; ++i) qhi[i] = 0u;
     }
     const float mult = scale * SC_LOG2E;     // scores in the log2 domain
+    State st;
+    st.init();
 
-    float o[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float m_lo = -SC_INF, m_hi = -SC_INF, l_lo = 0.f, l_hi = 0.f;   // rows gi, gi + 8
-
-    for (i64 base = row_begin + 16 * warp; base < row_end; base += 16 * kWarps) {
-        u32 kw[2][KW], vw[4][VW];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const i64 key = base + 8 * j + gi;
-            load_words<KW>(kw[j], cache_row<T, D>(k_cache, b, key < row_end ? key : base, g, L_max, KVH) + t * (D / 4),
-                           key < row_end);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
-            load_words<VW>(vw[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH) + gi * (D / 8),
-                           key < row_end);
-        }
-        // S = Q K^T: s[j] = rows (gi, gi+8) x keys base + 8j + 2t + {0, 1}
-        float s[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const u32 a[4] = {qlo[2 * ks], qhi[2 * ks], qlo[2 * ks + 1], qhi[2 * ks + 1]};
-                mma_16816<T>(s[j], a, kw[j][2 * ks], kw[j][2 * ks + 1]);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool valid = base + 8 * j + 2 * t + (e & 1) < row_end;
-                s[j][e] = valid ? s[j][e] * mult : -SC_INF;
-            }
-        }
-        // Online softmax per row; the 4 threads of a group share a row's max.
-        float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-        float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-            mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-        }
-        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-        const float ref_lo = mn_lo == -SC_INF ? 0.f : mn_lo, ref_hi = mn_hi == -SC_INF ? 0.f : mn_hi;
-        const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
-        m_lo = mn_lo; m_hi = mn_hi;
-        float p[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            p[j][0] = exp2f(s[j][0] - ref_lo); p[j][1] = exp2f(s[j][1] - ref_lo);
-            p[j][2] = exp2f(s[j][2] - ref_hi); p[j][3] = exp2f(s[j][3] - ref_hi);
-        }
-        l_lo = l_lo * alpha_lo + (p[0][0] + p[0][1] + p[1][0] + p[1][1]);
-        l_hi = l_hi * alpha_hi + (p[0][2] + p[0][3] + p[1][2] + p[1][3]);
-        const u32 pa[4] = {pack2<T>(p[0][0], p[0][1]), kHi ? pack2<T>(p[0][2], p[0][3]) : 0u,
-                           pack2<T>(p[1][0], p[1][1]), kHi ? pack2<T>(p[1][2], p[1][3]) : 0u};
-        // O = alpha O + P V, n-tile j = dims n*(D/8) + j of the group-n thread's slice
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            o[j][0] *= alpha_lo; o[j][1] *= alpha_lo;
-            if (kHi) { o[j][2] *= alpha_hi; o[j][3] *= alpha_hi; }
-            const u32 b0 = pair_halves(vw[0][j / 2], vw[1][j / 2], j & 1);
-            const u32 b1 = pair_halves(vw[2][j / 2], vw[3][j / 2], j & 1);
-            mma_16816<T>(o[j], pa, b0, b1);
-        }
+    // Two register buffers: the loads of the next step are in flight while this one computes.
+    // (base is warp-uniform, so every lane runs the same trip count around the shuffles.)
+    MmaStepLoads<D> bufA, bufB;
+    i64 base = row_begin + 16 * warp;
+    if (base < row_end) mma_step_load<T, D>(bufA, k_cache, v_cache, b, base, row_end, g, L_max, KVH, gi, t);
+    while (base < row_end) {
+        if (base + kStep < row_end)
+            mma_step_load<T, D>(bufB, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
+        st.step(qlo, qhi, bufA, base, row_end, mult, t);
+        base += kStep;
+        if (base >= row_end) break;
+        if (base + kStep < row_end)
+            mma_step_load<T, D>(bufA, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
+        st.step(qlo, qhi, bufB, base, row_end, mult, t);
+        base += kStep;
     }
+    float l_lo = st.l_lo, l_hi = st.l_hi;
     // A row's l: sum over the group's 4 threads (each summed its own columns).
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
@@ -351,14 +393,14 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int h = gi + 8 * half;
-        if (h >= G || (half == 1 && !kHi)) continue;
+        if (h >= G || (half == 1 && !State::kHi)) continue;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            acc_s[(warp * G + h) * D + (2 * t) * (D / 8) + j] = o[j][2 * half];
-            acc_s[(warp * G + h) * D + (2 * t + 1) * (D / 8) + j] = o[j][2 * half + 1];
+            acc_s[(warp * G + h) * D + (2 * t) * (D / 8) + j] = st.o[j][2 * half];
+            acc_s[(warp * G + h) * D + (2 * t + 1) * (D / 8) + j] = st.o[j][2 * half + 1];
         }
         if (t == 0) {
-            m_s[warp * G + h] = half ? m_hi : m_lo;
+            m_s[warp * G + h] = half ? st.m_hi : st.m_lo;
             l_s[warp * G + h] = half ? l_hi : l_lo;
         }
     }
