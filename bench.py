@@ -49,7 +49,9 @@ BUDGETS = ("fixed", "global", "largest_remainder")
 SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
-DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-async",
+KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels); none = "auto"
+DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
+                   "santa-global-systematic-256-stream",
                    "santa-fixed-systematic-2048")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
@@ -73,7 +75,7 @@ class Method:
     @property
     def name(self) -> str:
         if self.kind == "santa":
-            return f"santa-{self.budget}-{self.sampler}-{self.samples}" + ("-async" if self.backend else "")
+            return f"santa-{self.budget}-{self.sampler}-{self.samples}" + (f"-{self.backend}" if self.backend else "")
         if self.kind == "torch":
             return f"torch-{self.backend}"
         if self.kind == "dense" and self.backend:
@@ -90,18 +92,18 @@ def parse_method(name: str) -> Method:
     name = name.strip()
     if name in ("dense", "flashinfer"):
         return Method(name)
-    if name in ("dense-stream", "dense-async", "dense-mma"):
+    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS:
         return Method("dense", backend=name.removeprefix("dense-"))
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
-    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] == "async"):
+    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in KERNEL_VERSIONS):
         budget, sampler, s = parts[1:4]
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
-            return Method("santa", budget, sampler, int(s), backend="async" if len(parts) == 5 else "")
+            return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-async], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -490,7 +492,7 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
 
     kw = dict(method="dense", dense_kernel=method.backend or "auto") if method.kind == "dense" else dict(
         method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget,
-        score_kernel=method.backend or "stream")
+        score_kernel=method.backend or "auto")
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)
 

@@ -6,10 +6,13 @@
 // part_s[b, h, t] = (m_t, l_t, 0, 0). Tiles past n_b exit at once.
 //
 // Shared memory: s [G][BN] f32 | m, l [G] f32
+// Versions: santa_score (v2, above), santa_score_async (v3, cp.async ring), santa_score_mma (v4,
+// tensor cores, one warp per tile; fp16/bf16, D 64/128), each below with its own comment.
 #include "common.cuh"
 #include "tile.cuh"
 #include "stream.cuh"
 #include "async_copy.cuh"
+#include "mma.cuh"
 
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
@@ -118,4 +121,121 @@ santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const 
         }
     }
     cp_async_wait<0>();
+}
+
+// v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per tile, no block-level sync:
+// grid (ceil(T_max / 4), KVH, B), warp w of block x takes tile 4x + w. The warp scores its tile in
+// BN/16 steps of 16 keys (S = Q K^T as in decode_dense_mma, the K slices of the next step in
+// flight while one computes), keeps the scores in registers, reduces the tile's (m, l) per head
+// with shuffles and writes the stash and part_s itself.
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
+                float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
+                float4* __restrict__ part_s) {
+    static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
+    static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
+    constexpr bool kHi = G > 8;
+    constexpr int KS = D / 16, KW = D / 8, NSTEP = BN / 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gi = lane >> 2, tq = lane & 3;
+    const int t = blockIdx.x * (SC_NTHREADS / 32) + warp, g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const i64 row0 = (i64)t * BN;
+    if (t >= T_max || row0 >= n) return;                // whole warp
+    const i64 row_end = min(row0 + BN, (i64)n);
+    const i64 head0 = b * H + (i64)g * G;
+
+    u32 qlo[KW], qhi[KW];
+    load_words<KW>(qlo, q + (head0 + gi) * D + tq * (D / 4), gi < G);
+    if (kHi) load_words<KW>(qhi, q + (head0 + gi + 8) * D + tq * (D / 4), gi + 8 < G);
+    else {
+#pragma unroll
+        for (int i = 0; i < KW; ++i) qhi[i] = 0u;
+    }
+
+    float s[NSTEP][2][4];                                // scores (natural-log scale), -inf past n
+    u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const i64 key = row0 + 8 * j + gi;
+        load_words<KW>(kbuf[0][j], cache_row<T, D>(k_cache, b, key < row_end ? key : row0, g, L_max, KVH) + tq * (D / 4),
+                       key < row_end);
+    }
+#pragma unroll
+    for (int st = 0; st < NSTEP; ++st) {
+        const int cur = st & 1;
+        if (st + 1 < NSTEP) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const i64 key = row0 + 16 * (st + 1) + 8 * j + gi;
+                load_words<KW>(kbuf[cur ^ 1][j],
+                               cache_row<T, D>(k_cache, b, key < row_end ? key : row0, g, L_max, KVH) + tq * (D / 4),
+                               key < row_end);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const u32 a[4] = {qlo[2 * ks], qhi[2 * ks], qlo[2 * ks + 1], qhi[2 * ks + 1]};
+                mma_16816<T>(acc, a, kbuf[cur][j][2 * ks], kbuf[cur][j][2 * ks + 1]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool valid = row0 + 16 * st + 8 * j + 2 * tq + (e & 1) < row_end;
+                s[st][j][e] = valid ? acc[e] * scale : -SC_INF;
+            }
+        }
+    }
+    // Tile stats per row (head): max, then sum of exp, over the 4 threads of a group.
+    float m_lo = -SC_INF, m_hi = -SC_INF;
+#pragma unroll
+    for (int st = 0; st < NSTEP; ++st)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            m_lo = fmaxf(m_lo, fmaxf(s[st][j][0], s[st][j][1]));
+            if (kHi) m_hi = fmaxf(m_hi, fmaxf(s[st][j][2], s[st][j][3]));
+        }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, off));
+        if (kHi) m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, off));
+    }
+    float l_lo = 0.f, l_hi = 0.f;
+#pragma unroll
+    for (int st = 0; st < NSTEP; ++st)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            l_lo += __expf(s[st][j][0] - m_lo) + __expf(s[st][j][1] - m_lo);
+            if (kHi) l_hi += __expf(s[st][j][2] - m_hi) + __expf(s[st][j][3] - m_hi);
+        }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+        if (kHi) l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    // Stash: row gi (and gi + 8) holds keys row0 + 16 st + 8 j + 2 tq + {0, 1}.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int h = gi + 8 * half;
+        if (h >= G || (half == 1 && !kHi)) continue;
+        float* dst = scores + (head0 + h) * L_max + row0;
+        const bool pairs = ((head0 + h) * L_max & 1) == 0;   // 8-byte aligned pairs (row0, r even)
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int r = 16 * st + 8 * j + 2 * tq;
+                if (pairs && row0 + r + 1 < row_end)
+                    *reinterpret_cast<float2*>(dst + r) = make_float2(s[st][j][2 * half], s[st][j][2 * half + 1]);
+                else {
+                    if (row0 + r < row_end) dst[r] = s[st][j][2 * half];
+                    if (row0 + r + 1 < row_end) dst[r + 1] = s[st][j][2 * half + 1];
+                }
+            }
+        if (tq == 0) part_s[(head0 + h) * T_max + t] = make_float4(half ? m_hi : m_lo, half ? l_hi : l_lo, 0.f, 0.f);
+    }
 }

@@ -108,7 +108,7 @@ class DecodePlan:
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
-                 dense_kernel="auto", score_kernel="stream"):
+                 dense_kernel="auto", score_kernel="auto"):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -127,9 +127,10 @@ class DecodePlan:
         spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
         # "stream" (v2) | "async" (v3, cp.async ring) | "mma" (v4, tensor cores); "auto": v4 where it
         # has an instance (fp16/bf16, D 64/128), else v2
-        self.dense_kernel = kernels.resolve_dense_kernel(dense_kernel, dtype, head_dim)
+        self.dense_kernel = kernels.resolve_kernel_choice("dense_kernel", dense_kernel, dtype, head_dim)
         spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
-        self.score_kernel = score_kernel      # santa pass 1: "stream" (v2, default) | "async" (v3)
+        # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores); "auto" as for dense
+        self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -283,6 +284,9 @@ class DecodePlan:
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
+        elif self.score_kernel == "mma":             # one warp per tile
+            kernels.launch(self.kernels.score_mma, (-(-self.T_max // (kernels.THREADS // 32)), self.KVH, self.B),
+                           (*common, self.scores, self.part_s))
         else:
             tps = self.score_tiles_per_split
             kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),

@@ -87,6 +87,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     bn = int(role.removeprefix("santa"))
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", score_async=f"santa_score_async<{t}, {d}, {bn}, {g}>",
                  tile=f"santa_tile<{t}, {d}, {bn}, {g}>", prefix="santa_prefix")
+    if mma_supported(dtype_name, head_dim):
+        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     return names
 
 
@@ -121,12 +123,13 @@ def mma_supported(dtype_name, head_dim) -> bool:
     return dtype_name in MMA_DTYPES and head_dim in MMA_HEAD_DIMS
 
 
-def resolve_dense_kernel(choice, dtype_name, head_dim) -> str:
-    """"auto" -> "mma" where it exists, else "stream"; an explicit "mma" must exist."""
+def resolve_kernel_choice(what, choice, dtype_name, head_dim) -> str:
+    """``what`` = "dense_kernel" | "score_kernel": "auto" -> "mma" where it exists, else "stream";
+    an explicit "mma" must exist."""
     if choice == "auto":
         return "mma" if mma_supported(dtype_name, head_dim) else "stream"
     if choice == "mma" and not mma_supported(dtype_name, head_dim):
-        raise ValueError(f"dense_kernel='mma' needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
+        raise ValueError(f"{what}='mma' needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
                          f"got dtype={dtype_name!r}, head_dim={head_dim}")
     return choice
 
@@ -142,7 +145,7 @@ def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
     return combine if kernel == "stream" else max(combine, DENSE_STAGES * 2 * DENSE_STAGE_BYTES)
 
 
-SCORE_KERNELS = ("stream", "async")   # santa_score (v2), santa_score_async (v3)
+SCORE_KERNELS = ("auto", "stream", "async", "mma")   # santa_score v2, _async v3, _mma v4
 
 
 def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> int:
@@ -169,6 +172,7 @@ class KernelSet:
     dense_mma: object = None
     score: object = None
     score_async: object = None
+    score_mma: object = None
     tile: object = None
     prefix: object = None
 

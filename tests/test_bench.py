@@ -60,7 +60,7 @@ def test_method_errors(name):
 
 def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
-    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-async",
+    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-stream",
             "santa-fixed-systematic-2048"]
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
     assert [m.name for m in bench.method_list()] == ours
@@ -70,6 +70,9 @@ def test_method_lists():
     assert bench.parse_method("dense-async") == Method("dense", backend="async")
     assert bench.parse_method("dense-mma") == Method("dense", backend="mma")
     assert bench.parse_method("dense-stream").name == "dense-stream"
+    assert bench.parse_method("santa-global-iid-64-mma").name == "santa-global-iid-64-mma"
+    with pytest.raises(click.BadParameter):
+        bench.parse_method("santa-global-iid-64-fast")
     full = bench.method_list(full=True, have_torch=True)
     santa = [m for m in full if m.kind == "santa"]
     assert len(santa) == 3 * 3 * 4 and len({m.name for m in santa}) == 36

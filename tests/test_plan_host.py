@@ -94,6 +94,8 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("dense", "global", "mma", ["decode_dense_mma", "santa_merge"]),
          ("dense", "global", "auto", ["decode_dense_mma", "santa_merge"]),
          ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile", "santa_merge"]),
+         ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile", "santa_merge"]),
+         ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"])]
@@ -107,7 +109,7 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
                       dense_kernel=dense_kernel if method == "dense" else "stream",
                       score_kernel=dense_kernel if method == "santa" else "stream")
-    assert plan.dense_kernel == ("mma" if dense_kernel == "auto" else dense_kernel) or method != "dense"
+    assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == ("mma" if dense_kernel == "auto" else dense_kernel)
     out = plan.run(q, k, v, lengths)
     assert out is plan.out
     assert [name for name, *_ in launches] == expected
@@ -134,7 +136,7 @@ def test_standalone_stages_launch(launches):
     assert counts.shape == (2, 8, 300) and counts.dtype == np.int32
     plan.run_from_counts(q, k, v, lengths, counts)
     names = [name for name, *_ in launches]
-    assert names == ["santa_score", "santa_prefix", "santa_tile"] * 2 + ["santa_merge"]
+    assert names == ["santa_score_mma", "santa_prefix", "santa_tile"] * 2 + ["santa_merge"]
     at = _kernel_params()["santa_tile"].index("mode")
     modes = [args[at] for name, _, _, args, _ in launches if name == "santa_tile"]
     assert [int(m) for m in modes] == [kernels.MODE_CODE["sample"], kernels.MODE_CODE["gather"]]
@@ -191,6 +193,11 @@ def test_dense_kernel_auto_and_mma_limits(launches):
     assert DecodePlan(head_dim=128, dtype="float32", **kw).dense_kernel == "stream"
     with pytest.raises(ValueError, match="dense_kernel='mma' needs"):
         DecodePlan(head_dim=256, dtype="bfloat16", dense_kernel="mma", **kw)
+    kw["method"] = "santa"
+    assert DecodePlan(head_dim=64, dtype="bfloat16", **kw).score_kernel == "mma"
+    assert DecodePlan(head_dim=128, dtype="float32", **kw).score_kernel == "stream"
+    with pytest.raises(ValueError, match="score_kernel='mma' needs"):
+        DecodePlan(head_dim=128, dtype="float32", score_kernel="mma", **kw)
 
 
 @pytest.mark.parametrize("groups,max_parts,slots,want", [
