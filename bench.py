@@ -50,8 +50,10 @@ SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels); none = "auto"
+# santa suffixes: a score-pass version, or "block" = the v2 block-per-tile pass 2 (score "auto")
+SANTA_VERSIONS = KERNEL_VERSIONS + ("block",)
 DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
-                   "santa-global-systematic-256-stream",
+                   "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
                    "santa-fixed-systematic-2048")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
@@ -97,13 +99,13 @@ def parse_method(name: str) -> Method:
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
-    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in KERNEL_VERSIONS):
+    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS):
         budget, sampler, s = parts[1:4]
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-block], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -490,9 +492,14 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
     """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
     from santa_cupy import DecodePlan
 
-    kw = dict(method="dense", dense_kernel=method.backend or "auto") if method.kind == "dense" else dict(
-        method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget,
-        score_kernel=method.backend or "auto")
+    if method.kind == "dense":
+        kw = dict(method="dense", dense_kernel=method.backend or "auto")
+    else:
+        kw = dict(method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
+        if method.backend == "block":
+            kw["tile_kernel"] = "block"
+        elif method.backend:
+            kw["score_kernel"] = method.backend
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)
 

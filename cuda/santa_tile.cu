@@ -140,3 +140,181 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     }
     if (threadIdx.x == 0) atomicAdd(&rows_read[b * KVH + g], nsel);
 }
+
+// ---- v4 pass 2: one warp per tile (systematic sampler, global / largest_remainder budgets) ------
+// The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
+// the same closed-form comb counts) but computed in registers by the 32 lanes of one warp, each
+// owning rows [lane * BN/32, (lane + 1) * BN/32) of the tile; no block barrier, no shared
+// accumulator. Selected rows (the union over the group's heads) are gathered 4 at a time, every
+// lane adding its D/32 elements into per-head register accumulators.
+// grid (ceil(T_max / 4), KVH, B), block SC_NTHREADS; warp w of block x takes tile 4x + w.
+// Shared memory per warp (kernels.py: tile_warp_smem_bytes): cnt [G][BN] i32 | rows [BN] i32.
+
+// N consecutive elements of a row as floats, one vector load (N * sizeof(T) in {4, 8, 16, 32} bytes).
+template <typename T, int N>
+__device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
+    constexpr int kBytes = N * (int)sizeof(T);
+    static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16 || kBytes == 32, "slice size");
+    T e[N];
+    if constexpr (kBytes == 4) *reinterpret_cast<u32*>(e) = *reinterpret_cast<const u32*>(p);
+    else if constexpr (kBytes == 8) *reinterpret_cast<uint2*>(e) = *reinterpret_cast<const uint2*>(p);
+    else if constexpr (kBytes == 16) *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(p);
+    else {
+        reinterpret_cast<uint4*>(e)[0] = reinterpret_cast<const uint4*>(p)[0];
+        reinterpret_cast<uint4*>(e)[1] = reinterpret_cast<const uint4*>(p)[1];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+}
+
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
+                int T_max, int budget, int samples, u64 seed, const i64* __restrict__ step, int layer,
+                const float* __restrict__ scores, const double* __restrict__ cdf, const int* __restrict__ alloc,
+                float4* __restrict__ part_s, float* __restrict__ part_o, int* __restrict__ rows_read) {
+    static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
+    constexpr int R = BN / 32;               // rows per lane
+    constexpr int E = D / 32;                // elements of a V row per lane
+    constexpr int kWarps = SC_NTHREADS / 32;
+    constexpr int kGather = 4;               // V rows in flight
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * kWarps + warp, g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const i64 row0 = (i64)t * BN;
+    if (t >= T_max || row0 >= n) return;                       // whole warp
+    const int nrows = (int)min((i64)BN, n - row0);
+    const int n_tiles = (n + BN - 1) / BN;
+    const i64 head0 = b * H + (i64)g * G;
+    extern __shared__ __align__(16) unsigned char smem[];
+    int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
+    int* rows = cnt + G * BN;                                          // [BN]
+
+    // Lane h < G: its head's tile stats (pass 1) and comb description.
+    HeadDraw my;
+    float my_m = 0.f;
+    if (lane < G) {
+        const float4 st = part_s[(head0 + lane) * T_max + t];
+        my_m = st.x;
+        const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane));
+        setup_head_draw(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y,
+                        cdf + (head0 + lane) * T_max, alloc + (head0 + lane) * T_max);
+    } else {
+        my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
+    }
+    if (__ballot_sync(0xffffffffu, lane < G && my.n > 0) == 0u) return;   // no comb point here
+
+    // Counts per head: c_j = (points below cum_j) - (points below cum_{j-1}), last row gets the rest.
+    unsigned any_mask[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) any_mask[i] = 0u;
+    bool any_row[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) any_row[i] = false;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        HeadDraw d;
+        d.a = __shfl_sync(0xffffffffu, my.a, h);
+        d.off = __shfl_sync(0xffffffffu, my.off, h);
+        d.n = __shfl_sync(0xffffffffu, my.n, h);
+        const float m_h = __shfl_sync(0xffffffffu, my_m, h);
+        const float* src = scores + (head0 + h) * L_max + row0;
+        float c[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            c[i] = j < nrows ? __expf(src[j] - m_h) : 0.f;
+        }
+        float run = 0.f;                                   // tile_cumsum's order
+#pragma unroll
+        for (int i = 0; i < R; ++i) { run += c[i]; c[i] = run; }
+        const float before = warp_inclusive_scan(run) - run;
+#pragma unroll
+        for (int i = 0; i < R; ++i) c[i] += before;
+        int cb[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) cb[i] = comb_below(d, c[i]);
+        const int prev_last = __shfl_up_sync(0xffffffffu, cb[R - 1], 1);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            int count = 0;
+            if (j < nrows) {
+                const int upto = (j == nrows - 1) ? d.n : cb[i];
+                const int below = j == 0 ? 0 : (i == 0 ? prev_last : cb[i - 1]);
+                count = upto - below;
+            }
+            cnt[h * BN + j] = count;
+            any_row[i] |= count > 0;
+        }
+    }
+    // Ordered list of the selected rows (row order: lane-major runs, as in the tile).
+    int nsel = 0, mine_before = 0;
+    {
+        int mine = 0;
+#pragma unroll
+        for (int i = 0; i < R; ++i) mine += any_row[i];
+        int incl = mine;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += x;
+        }
+        mine_before = incl - mine;
+        nsel = __shfl_sync(0xffffffffu, incl, 31);
+        int k = mine_before;
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+            if (any_row[i]) rows[k++] = lane * R + i;
+    }
+    __syncwarp();
+
+    // Gather-add: acc[h][e] += c_h(j) V_j[lane*E + e];  m2p[h] += c_h(j) * (lane's part of ||V_j||^2)
+    float acc[G][E], m2p[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m2p[h] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+    }
+    for (int base = 0; base < nsel; base += kGather) {           // warp-uniform
+        float v[kGather][E];
+        int jr[kGather];
+#pragma unroll
+        for (int u = 0; u < kGather; ++u) {
+            const bool ok = base + u < nsel;
+            jr[u] = ok ? rows[base + u] : -1;
+            if (ok) load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + jr[u], g, L_max, KVH) + lane * E, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kGather; ++u) {
+            if (jr[u] < 0) continue;
+            float sq = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) sq = fmaf(v[u][e], v[u][e], sq);
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const int ch = cnt[h * BN + jr[u]];
+                if (ch == 0) continue;
+                const float cf = (float)ch;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[h][e] = fmaf(cf, v[u][e], acc[h][e]);
+                m2p[h] = fmaf(cf, sq, m2p[h]);
+            }
+        }
+    }
+    // Partials: part_o[b, h, t, :] = acc, part_s = (m_t, l_t, sum c ||V||^2, ||sum c V||^2).
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float sq = 0.f;
+        float* dst = part_o + ((head0 + h) * T_max + t) * D + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) { dst[e] = acc[h][e]; sq = fmaf(acc[h][e], acc[h][e], sq); }
+        sq = warp_sum(sq);
+        const float m2 = warp_sum(m2p[h]);
+        const float m_h = __shfl_sync(0xffffffffu, my_m, h), l_h = __shfl_sync(0xffffffffu, my.l, h);
+        if (lane == 0) part_s[(head0 + h) * T_max + t] = make_float4(m_h, l_h, m2, sq);
+    }
+    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], nsel);
+}

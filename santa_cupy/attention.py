@@ -108,7 +108,7 @@ class DecodePlan:
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
-                 dense_kernel="auto", score_kernel="auto"):
+                 dense_kernel="auto", score_kernel="auto", tile_kernel="auto"):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -131,6 +131,10 @@ class DecodePlan:
         spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
         # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores); "auto" as for dense
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
+        spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
+        # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
+        # tile: systematic sampler, two-pass budgets, G <= 8); "auto": "warp" where it applies
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, budget, heads // kv_heads)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -238,7 +242,7 @@ class DecodePlan:
         stages = {}
         if self.budget != "fixed":
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
-        stages["tile (sample + gather)"] = lambda: self._tile(q, k_cache, v_cache, lengths, layer, "fused",
+        stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(q, k_cache, v_cache, lengths, layer, "fused",
                                                               self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
         stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n)
@@ -300,6 +304,13 @@ class DecodePlan:
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
+        if mode == "fused" and self.tile_kernel == "warp":      # one warp per tile
+            kernels.launch(K.tile_warp, (-(-self.T_max // (kernels.THREADS // 32)), self.KVH, self.B),
+                           (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
+                            i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples), u64(self.seed), self.step,
+                            i32(layer), self.scores, self.cdf, self.alloc, self.part_s, self.part_o, rows_read),
+                           kernels.tile_warp_smem_bytes(self.block_n, self.G))
+            return
         kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),

@@ -89,6 +89,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
                  tile=f"santa_tile<{t}, {d}, {bn}, {g}>", prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
+    if group <= WARP_TILE_MAX_G:
+        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}>"
     return names
 
 
@@ -156,6 +158,32 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
     return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
 
+TILE_KERNELS = ("auto", "block", "warp")   # santa_tile (a block per tile), santa_tile_warp (v4)
+WARP_TILE_MAX_G = 8
+
+
+def warp_tile_supported(sampler, budget, group) -> bool:
+    """santa_tile_warp covers the fused pass of the systematic sampler with a two-pass budget."""
+    return sampler == "systematic" and budget != "fixed" and group <= WARP_TILE_MAX_G
+
+
+def resolve_tile_kernel(choice, sampler, budget, group) -> str:
+    """"auto" -> "warp" where it applies, else "block"; an explicit "warp" must apply."""
+    ok = warp_tile_supported(sampler, budget, group)
+    if choice == "auto":
+        return "warp" if ok else "block"
+    if choice == "warp" and not ok:
+        raise ValueError(f"tile_kernel='warp' needs sampler='systematic', a budget other than 'fixed' and "
+                         f"heads // kv_heads <= {WARP_TILE_MAX_G}, got sampler={sampler!r}, budget={budget!r}, "
+                         f"group={group}")
+    return choice
+
+
+def tile_warp_smem_bytes(block_n, group) -> int:
+    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32."""
+    return 4 * (THREADS // 32) * (group * block_n + block_n)
+
+
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
     rg = row_groups(head_dim)
     n = 4 * (2 * group * block_n + rg * group * head_dim + rg * group + block_n + 4 + 2 * group)
@@ -174,6 +202,7 @@ class KernelSet:
     score_async: object = None
     score_mma: object = None
     tile: object = None
+    tile_warp: object = None
     prefix: object = None
 
 

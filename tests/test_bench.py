@@ -60,7 +60,8 @@ def test_method_errors(name):
 
 def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
-    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-stream",
+    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-block",
+            "santa-global-systematic-256-stream",
             "santa-fixed-systematic-2048"]
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
     assert [m.name for m in bench.method_list()] == ours

@@ -216,11 +216,44 @@ def test_standalone_sample_then_gather_equals_fused(budget):
     q, k, v, lens = random_inputs(rng, 2, 8, 2, 128, 500, [500, 129], "bfloat16")
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
-                      samples=64, budget=budget, seed=3, block_n=64)
+                      samples=64, budget=budget, seed=3, block_n=64, tile_kernel="block")
     fused = plan.run(qg, kg, vg, lg).copy()
     counts = plan.sample_counts(qg, kg, lg)
     staged = plan.run_from_counts(qg, kg, vg, lg, counts)
     assert np.array_equal(fused.get(), staged.get())
+    if budget != "fixed":               # the warp pass 2 (default): same counts, other summation order
+        warp = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
+                          samples=64, budget=budget, seed=3, block_n=64)
+        assert warp.tile_kernel == "warp"
+        got = _as_float(warp.run(qg, kg, vg, lg))
+        assert rel_l2(got, _as_float(staged)) < 4e-3
+        assert np.array_equal(warp.rows_read.get(), plan.rows_read.get())
+
+
+@pytest.mark.parametrize("budget", ["global", "largest_remainder"])
+@pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
+                                               (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
+                                               (5, 64, "float16", 64)])
+def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
+    """Pass 2 with one warp per tile: the same counts as the block kernel (rows_read and the spread
+    agree), the output up to float32 summation order."""
+    rng = np.random.default_rng(G * D + block_n)
+    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
+    L_max = max(lengths) + 3
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    res = {}
+    for kernel in ("block", "warp"):
+        plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                              samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel)
+        o = _as_float(plan.run(*args, layer=2))
+        assert np.isfinite(o).all(), "output not fully written"
+        res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
+    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res["warp"]
+    assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
+    assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
+    assert np.allclose(sw, sb, rtol=1e-3, atol=1e-5)
+    assert np.array_equal(lw, lb)
 
 
 @pytest.mark.parametrize("budget", ["global", "largest_remainder"])

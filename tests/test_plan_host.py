@@ -93,12 +93,12 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
          ("dense", "global", "mma", ["decode_dense_mma", "santa_merge"]),
          ("dense", "global", "auto", ["decode_dense_mma", "santa_merge"]),
-         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile", "santa_merge"]),
-         ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile", "santa_merge"]),
-         ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile", "santa_merge"]),
+         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
-         ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
-         ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"])]
+         ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
 
 
 @pytest.mark.parametrize("method,budget,dense_kernel,expected", CASES)
@@ -136,6 +136,7 @@ def test_standalone_stages_launch(launches):
     assert counts.shape == (2, 8, 300) and counts.dtype == np.int32
     plan.run_from_counts(q, k, v, lengths, counts)
     names = [name for name, *_ in launches]
+    # the stages on their own use the block kernel's sample and gather modes (not the warp pass 2)
     assert names == ["santa_score_mma", "santa_prefix", "santa_tile"] * 2 + ["santa_merge"]
     at = _kernel_params()["santa_tile"].index("mode")
     modes = [args[at] for name, _, _, args, _ in launches if name == "santa_tile"]
@@ -223,3 +224,17 @@ def test_resident_blocks_arithmetic():
     assert kernels.resident_blocks(types.SimpleNamespace(num_regs=32), 128, 100 * 1024) == 2   # shared memory
     assert kernels.resident_blocks(types.SimpleNamespace(num_regs=16), 128, 0) == 16           # threads
     assert kernels.resident_blocks(object(), 128, 0) == 4                                     # unknown: fallback
+
+
+def test_tile_kernel_choice(launches):
+    from santa_cupy import DecodePlan
+
+    kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=300)
+    assert DecodePlan(heads=8, **kw).tile_kernel == "warp"
+    assert DecodePlan(heads=8, sampler="iid", **kw).tile_kernel == "block"
+    assert DecodePlan(heads=8, budget="fixed", **kw).tile_kernel == "block"
+    assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
+    with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
+        DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
+    with pytest.raises(ValueError, match="tile_kernel"):
+        DecodePlan(heads=8, tile_kernel="grid", **kw)
