@@ -252,7 +252,10 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
     (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res["warp"]
     assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
     assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
-    assert np.allclose(sw, sb, rtol=1e-3, atol=1e-5)
+    # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the
+    # two terms cancel and the spread is float32 rounding noise (~3e-5 here, 0 or not depending on
+    # the summation order), hence the same tolerance as against the reference estimator
+    assert np.allclose(sw, sb, rtol=2e-2, atol=1e-4)
     assert np.array_equal(lw, lb)
 
 
