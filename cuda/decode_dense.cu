@@ -25,6 +25,29 @@
 #define SC_LOG2E 1.4426950408889634f
 #define SC_LN2 0.6931471805599453f
 
+// The split's partials from N partial online-softmax states (log2 domain) in shared memory,
+// acc [N][G][D] | m [N][G] | l [N][G]: M = max_n m_n, o = sum_n 2^(m_n - M) acc_n, L likewise;
+// part_s = (M ln 2, L, 0, 0). Called by the whole block after a barrier.
+template <int D, int G, int N>
+__device__ __forceinline__ void write_split_partials(const float* acc_s, const float* m_s, const float* l_s,
+                                                     float* part_o, float4* part_s, i64 part, int n_splits) {
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
+        const int h = idx / D, d = idx % D;
+        float M = -SC_INF;
+        for (int r = 0; r < N; ++r) M = fmaxf(M, m_s[r * G + h]);
+        float o = 0.f, L = 0.f;
+        for (int r = 0; r < N; ++r) {
+            const float mr = m_s[r * G + h];
+            if (mr == -SC_INF) continue;
+            const float w = exp2f(mr - M);
+            o = fmaf(w, acc_s[(r * G + h) * D + d], o);
+            L = fmaf(w, l_s[r * G + h], L);
+        }
+        part_o[(part + (i64)h * n_splits) * D + d] = o;
+        if (d == 0) part_s[part + (i64)h * n_splits] = make_float4(M * SC_LN2, L, 0.f, 0.f);
+    }
+}
+
 template <typename T, int D, int G>
 struct DenseState {
     using GQ = GroupQuery<T, D, G>;
@@ -94,21 +117,7 @@ struct DenseState {
             if (dg == 0) { m_s[rg * G + h] = m[h]; l_s[rg * G + h] = l[h]; }
         }
         __syncthreads();
-        for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
-            const int h = idx / D, d = idx % D;
-            float M = -SC_INF;
-            for (int r = 0; r < kRG; ++r) M = fmaxf(M, m_s[r * G + h]);
-            float o = 0.f, L = 0.f;
-            for (int r = 0; r < kRG; ++r) {
-                const float mr = m_s[r * G + h];
-                if (mr == -SC_INF) continue;
-                const float w = exp2f(mr - M);
-                o = fmaf(w, acc_s[(r * G + h) * D + d], o);
-                L = fmaf(w, l_s[r * G + h], L);
-            }
-            part_o[(part + (i64)h * n_splits) * D + d] = o;
-            if (d == 0) part_s[part + (i64)h * n_splits] = make_float4(M * SC_LN2, L, 0.f, 0.f);
-        }
+        write_split_partials<D, G, kRG>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
     }
 };
 
@@ -405,19 +414,5 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
-        const int h = idx / D, d = idx % D;
-        float M = -SC_INF;
-        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * G + h]);
-        float acc = 0.f, L = 0.f;
-        for (int w = 0; w < kWarps; ++w) {
-            const float mw = m_s[w * G + h];
-            if (mw == -SC_INF) continue;
-            const float wt = exp2f(mw - M);
-            acc = fmaf(wt, acc_s[(w * G + h) * D + d], acc);
-            L = fmaf(wt, l_s[w * G + h], L);
-        }
-        part_o[(part + (i64)h * n_splits) * D + d] = acc;
-        if (d == 0) part_s[part + (i64)h * n_splits] = make_float4(M * SC_LN2, L, 0.f, 0.f);
-    }
+    write_split_partials<D, G, kWarps>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
 }
