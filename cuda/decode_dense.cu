@@ -259,11 +259,8 @@ template <typename T, int D>
 __device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const T* k_cache, const T* v_cache, i64 b,
                                               i64 base, i64 row_end, int g, i64 L_max, int KVH, int gi, int t) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const i64 key = base + 8 * j + gi;
-        load_words<D / 8>(ld.k[j], cache_row<T, D>(k_cache, b, key < row_end ? key : base, g, L_max, KVH) + t * (D / 4),
-                          key < row_end);
-    }
+    for (int j = 0; j < 2; ++j)
+        load_key_slice<T, D>(ld.k[j], k_cache, b, base + 8 * j + gi, row_end, base, g, L_max, KVH, t);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
@@ -275,8 +272,8 @@ __device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const T* k_ca
 // Online-softmax state of one thread: O fragments and the (m, l) of rows gi and gi + 8.
 template <typename T, int D, int G>
 struct MmaDenseState {
-    static constexpr bool kHi = G > 8;      // rows 8..15 of the tile hold heads too
-    static constexpr int KS = D / 16, NT = D / 8;
+    static constexpr bool kHi = MmaQuery<T, D, G>::kHi;
+    static constexpr int NT = D / 8;
     float o[NT][4];
     float m_lo, m_hi, l_lo, l_hi;
 
@@ -287,17 +284,12 @@ struct MmaDenseState {
     }
 
     // One 16-key step: S = Q K^T, online softmax, O = alpha O + P V.
-    __device__ __forceinline__ void step(const u32 (&qlo)[D / 8], const u32 (&qhi)[D / 8], const MmaStepLoads<D>& ld,
-                                         i64 base, i64 row_end, float mult, int t) {
+    __device__ __forceinline__ void step(const MmaQuery<T, D, G>& mq, const MmaStepLoads<D>& ld, i64 base,
+                                         i64 row_end, float mult, int t) {
         float s[2][4];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const u32 a[4] = {qlo[2 * ks], qhi[2 * ks], qlo[2 * ks + 1], qhi[2 * ks + 1]};
-                mma_16816<T>(s[j], a, ld.k[j][2 * ks], ld.k[j][2 * ks + 1]);
-            }
+            mq.scores(s[j], ld.k[j]);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const bool valid = base + 8 * j + 2 * t + (e & 1) < row_end;
@@ -347,7 +339,6 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
     using State = MmaDenseState<T, D, G>;
     constexpr int NT = D / 8;
-    constexpr int KW = D / 8;                // words of a thread's Q slice: D/4 elements
     constexpr int kWarps = SC_NTHREADS / 32;
     constexpr int kStep = 16 * kWarps;       // keys per block per step
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -359,14 +350,8 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
         return;
 
-    // Q as A fragments (rows gi and gi + 8 = heads; zero past G).
-    u32 qlo[KW], qhi[KW];
-    load_words<KW>(qlo, q + (b * H + (i64)g * G + gi) * D + t * (D / 4), gi < G);
-    if (State::kHi) load_words<KW>(qhi, q + (b * H + (i64)g * G + gi + 8) * D + t * (D / 4), gi + 8 < G);
-    else {
-#pragma unroll
-        for (int i = 0; i < KW; ++i) qhi[i] = 0u;
-    }
+    MmaQuery<T, D, G> mq;                   // Q as A fragments (rows gi and gi + 8 = heads)
+    mq.load(q, b * H + (i64)g * G, gi, t);
     const float mult = scale * SC_LOG2E;     // scores in the log2 domain
     State st;
     st.init();
@@ -379,12 +364,12 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     while (base < row_end) {
         if (base + kStep < row_end)
             mma_step_load<T, D>(bufB, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
-        st.step(qlo, qhi, bufA, base, row_end, mult, t);
+        st.step(mq, bufA, base, row_end, mult, t);
         base += kStep;
         if (base >= row_end) break;
         if (base + kStep < row_end)
             mma_step_load<T, D>(bufA, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
-        st.step(qlo, qhi, bufB, base, row_end, mult, t);
+        st.step(mq, bufB, base, row_end, mult, t);
         base += kStep;
     }
     float l_lo = st.l_lo, l_hi = st.l_hi;

@@ -53,3 +53,44 @@ __device__ __forceinline__ void load_words(u32 (&w)[N], const void* src, bool va
         w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
     }
 }
+
+// ---- Q K^T for the G <= 16 query heads of a KV group (decode_dense_mma, santa_score_mma) ------
+// Thread (gi, t) holds elements [t*D/4, (t+1)*D/4) of its query rows gi and gi + 8 (zero past G)
+// and of the keys it loads; k-step ks of the m16n8k16 product uses words 2ks and 2ks + 1 of those
+// slices, so the dot products pair the same dims in A and B while every load is a 16-byte vector.
+template <typename T, int D, int G>
+struct MmaQuery {
+    static constexpr bool kHi = G > 8;       // rows 8..15 of the tile hold heads too
+    static constexpr int KW = D / 8;         // words of a D/4-element slice
+    u32 lo[KW], hi[KW];
+
+    // head0 = b * H + g * G, the flat (b, h) index of the group's first head.
+    __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t) {
+        load_words<KW>(lo, q + (head0 + gi) * D + t * (D / 4), gi < G);
+        if (kHi) load_words<KW>(hi, q + (head0 + gi + 8) * D + t * (D / 4), gi + 8 < G);
+        else {
+#pragma unroll
+            for (int i = 0; i < KW; ++i) hi[i] = 0u;
+        }
+    }
+
+    // s = unscaled scores of rows (gi, gi + 8) x the 8 keys whose slices the group's threads hold
+    // in k (C-fragment layout: s[0..1] row gi, s[2..3] row gi + 8, keys 2t and 2t + 1).
+    __device__ __forceinline__ void scores(float (&s)[4], const u32 (&k)[KW]) const {
+        s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const u32 a[4] = {lo[2 * ks], hi[2 * ks], lo[2 * ks + 1], hi[2 * ks + 1]};
+            mma_16816<T>(s, a, k[2 * ks], k[2 * ks + 1]);
+        }
+    }
+};
+
+// The slice of key `key` (< row_end, else zeros; row `fallback` only forms the address) that
+// thread t of a group loads for MmaQuery::scores.
+template <typename T, int D>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache, i64 b, i64 key, i64 row_end,
+                                               i64 fallback, int g, i64 L_max, int KVH, int t) {
+    load_words<D / 8>(w, cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH) + t * (D / 4),
+                      key < row_end);
+}

@@ -14,6 +14,21 @@
 #include "async_copy.cuh"
 #include "mma.cuh"
 
+// Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
+// its stats into part_s[b, h, t] = (m, l, 0, 0); head0 = b * H + g * G. Whole block.
+template <int BN>
+__device__ __forceinline__ void write_tile_stash(float* scores, float4* part_s, const float* s, const float* m,
+                                                 const float* l, int G, i64 head0, i64 L_max, i64 row0, int nrows,
+                                                 int T_max, int t) {
+    for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+        const int h = idx / BN, j = idx % BN;
+        if (j < nrows) scores[(head0 + h) * L_max + row0 + j] = s[idx];
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < G; h += SC_NTHREADS)
+        part_s[(head0 + h) * T_max + t] = make_float4(m[h], l[h], 0.f, 0.f);
+}
+
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
@@ -33,14 +48,7 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
     stream_tile_scores<T, D, G, BN>(s, gq, k_cache, b, row0, nrows, g, L_max, KVH);
     __syncthreads();
     tile_stats<BN>(m, l, s, G, nrows);
-    const i64 head0 = b * H + (i64)g * G;
-    for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
-        const int h = idx / BN, j = idx % BN;
-        if (j < nrows) scores[(head0 + h) * L_max + row0 + j] = s[idx];
-    }
-    __syncthreads();
-    for (int h = threadIdx.x; h < G; h += SC_NTHREADS)
-        part_s[(head0 + h) * T_max + t] = make_float4(m[h], l[h], 0.f, 0.f);
+    write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
 }
 
 // v3: the same outputs from a split of consecutive tiles per block, K staged through a cp.async
@@ -111,13 +119,7 @@ santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const 
         if (st % kStagesPerTile == kStagesPerTile - 1) {            // tile t complete
             __syncthreads();
             tile_stats<BN>(m, l, s, G, nrows);
-            for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
-                const int h = idx / BN, j = idx % BN;
-                if (j < nrows) scores[(head0 + h) * L_max + tile_row0 + j] = s[idx];
-            }
-            __syncthreads();
-            for (int h = threadIdx.x; h < G; h += SC_NTHREADS)
-                part_s[(head0 + h) * T_max + t] = make_float4(m[h], l[h], 0.f, 0.f);
+            write_tile_stash<BN>(scores, part_s, s, m, l, G, head0, L_max, tile_row0, nrows, T_max, t);
         }
     }
     cp_async_wait<0>();
@@ -135,8 +137,8 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
                 float4* __restrict__ part_s) {
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
-    constexpr bool kHi = G > 8;
-    constexpr int KS = D / 16, KW = D / 8, NSTEP = BN / 16;
+    constexpr bool kHi = MmaQuery<T, D, G>::kHi;
+    constexpr int KW = D / 8, NSTEP = BN / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
     const int t = blockIdx.x * (SC_NTHREADS / 32) + warp, g = blockIdx.y;
@@ -147,42 +149,27 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const i64 row_end = min(row0 + BN, (i64)n);
     const i64 head0 = b * H + (i64)g * G;
 
-    u32 qlo[KW], qhi[KW];
-    load_words<KW>(qlo, q + (head0 + gi) * D + tq * (D / 4), gi < G);
-    if (kHi) load_words<KW>(qhi, q + (head0 + gi + 8) * D + tq * (D / 4), gi + 8 < G);
-    else {
-#pragma unroll
-        for (int i = 0; i < KW; ++i) qhi[i] = 0u;
-    }
+    MmaQuery<T, D, G> mq;
+    mq.load(q, head0, gi, tq);
 
     float s[NSTEP][2][4];                                // scores (natural-log scale), -inf past n
     u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const i64 key = row0 + 8 * j + gi;
-        load_words<KW>(kbuf[0][j], cache_row<T, D>(k_cache, b, key < row_end ? key : row0, g, L_max, KVH) + tq * (D / 4),
-                       key < row_end);
-    }
+    for (int j = 0; j < 2; ++j)
+        load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
 #pragma unroll
     for (int st = 0; st < NSTEP; ++st) {
         const int cur = st & 1;
         if (st + 1 < NSTEP) {
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const i64 key = row0 + 16 * (st + 1) + 8 * j + gi;
-                load_words<KW>(kbuf[cur ^ 1][j],
-                               cache_row<T, D>(k_cache, b, key < row_end ? key : row0, g, L_max, KVH) + tq * (D / 4),
-                               key < row_end);
-            }
+            for (int j = 0; j < 2; ++j)
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, row0 + 16 * (st + 1) + 8 * j + gi, row_end, row0, g,
+                                     L_max, KVH, tq);
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const u32 a[4] = {qlo[2 * ks], qhi[2 * ks], qlo[2 * ks + 1], qhi[2 * ks + 1]};
-                mma_16816<T>(acc, a, kbuf[cur][j][2 * ks], kbuf[cur][j][2 * ks + 1]);
-            }
+            float acc[4];
+            mq.scores(acc, kbuf[cur][j]);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const bool valid = row0 + 16 * st + 8 * j + 2 * tq + (e & 1) < row_end;
