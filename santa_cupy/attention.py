@@ -141,6 +141,8 @@ class DecodePlan:
         self.block_n = block_n or spec.default_block_n(method, head_dim)
         spec.check_block_n(self.block_n)
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
+        self._dense_fn = {"stream": self.kernels.dense, "async": self.kernels.dense_async,
+                          "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)
         if method == "dense":
@@ -177,7 +179,7 @@ class DecodePlan:
         import cupy
 
         attrs = cupy.cuda.Device().attributes
-        kernel = self._dense_function()
+        kernel = self._dense_fn
         smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
         slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
         max_splits = max(1, -(-self.L_max // 256))
@@ -185,10 +187,6 @@ class DecodePlan:
         rows = -(-self.L_max // splits)
         rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
         return rows, -(-self.L_max // rows)
-
-    def _dense_function(self):
-        return {"stream": self.kernels.dense, "async": self.kernels.dense_async,
-                "mma": self.kernels.dense_mma}[self.dense_kernel]
 
     # ---- launches ---------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
@@ -208,7 +206,7 @@ class DecodePlan:
         out = self._output(out)
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernels.launch(self._dense_function(), (self.P_max, self.KVH, self.B),
+            kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B),
                            (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
                             i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
                            kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
@@ -230,7 +228,7 @@ class DecodePlan:
         lengths = self._int32_lengths(lengths)
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernel = self._dense_function()
+            kernel = self._dense_fn
             return {
                 f"dense split-KV ({self.dense_kernel})": lambda: kernels.launch(
                     kernel, (self.P_max, self.KVH, self.B),
