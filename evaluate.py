@@ -346,16 +346,41 @@ def decode_logits(model, cache, token: int, attention) -> np.ndarray:
 
 
 def make_stepper(model, cache, attention):
-    """A function token -> host logits [V] float32 that decodes one step on ``cache``.
+    """A Stepper: ``step(token)`` -> host logits [V] float32 after one decode step on ``cache``.
 
     On the GPU the step is a CUDA graph (llama_min.model.GraphDecoder, captured once per run):
     eager CuPy decoding spends ~50 ms of host time per step on a 30-layer model, the graph ~4 ms,
-    which is what makes the full evaluation grid affordable. Same math, same SANTA step counter."""
-    if model.xp is not np:
-        from llama_min.model import GraphDecoder
-        graph = GraphDecoder(model, cache, attention)
-        return lambda token: to_host(graph.replay(np.asarray([token], np.int32))[0])
-    return lambda token: decode_logits(model, cache, token, attention)
+    which is what makes the full evaluation grid affordable. Same math, same SANTA step counter.
+    Use it as a context manager: the graph's cuBLAS handle is released on exit (the retrieval
+    grid builds thousands of them)."""
+    return Stepper(model, cache, attention)
+
+
+class Stepper:
+    """One decode step at a time on a cache (see make_stepper)."""
+
+    def __init__(self, model, cache, attention):
+        self.graph = None
+        if model.xp is not np:
+            from llama_min.model import GraphDecoder
+            self.graph = GraphDecoder(model, cache, attention)
+        self.model, self.cache, self.attention = model, cache, attention
+
+    def __call__(self, token: int) -> np.ndarray:
+        if self.graph is not None:
+            return to_host(self.graph.replay(np.asarray([token], np.int32))[0])
+        return decode_logits(self.model, self.cache, token, self.attention)
+
+    def close(self):
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 # ============================================================================ evaluations
@@ -411,24 +436,24 @@ def kernel_errors(captured, layers, settings, seeds, block_n=None, progress=None
 def teacher_forced(model, cache0, ids, prefix: int, attention) -> np.ndarray:
     """Logits [len(ids)-1-prefix, V] predicting ids[prefix+1:], decoding ids[prefix:-1] one at a
     time (true tokens fed) on a copy of cache0 (the dense prefill of ids[:prefix])."""
-    step = make_stepper(model, clone_cache(model, cache0), attention)
-    return np.stack([step(int(t)) for t in ids[prefix:-1]])
+    with make_stepper(model, clone_cache(model, cache0), attention) as step:
+        return np.stack([step(int(t)) for t in ids[prefix:-1]])
 
 
 def greedy_tokens(model, cache0, first: int, n: int, attention, stop_ids=(), margins=None) -> list[int]:
     """Greedy continuation: feed `first`, then each argmax; n tokens (fewer on a stop id).
     If `margins` is a list, the top-1 minus top-2 log-probability of every step is appended."""
-    step = make_stepper(model, clone_cache(model, cache0), attention)
     out, tok = [], int(first)
-    for _ in range(n):
-        lg = step(tok)
-        tok = int(np.argmax(lg))
-        if margins is not None:
-            top2 = np.partition(lg.astype(np.float64), -2)[-2:]
-            margins.append(float(top2[1] - top2[0]))
-        out.append(tok)
-        if tok in stop_ids:
-            break
+    with make_stepper(model, clone_cache(model, cache0), attention) as step:
+        for _ in range(n):
+            lg = step(tok)
+            tok = int(np.argmax(lg))
+            if margins is not None:
+                top2 = np.partition(lg.astype(np.float64), -2)[-2:]
+                margins.append(float(top2[1] - top2[0]))
+            out.append(tok)
+            if tok in stop_ids:
+                break
     return out
 
 

@@ -453,9 +453,17 @@ class _CublasGemm:
         return out
 
     def close(self):
+        """Destroy the cuBLAS handle (idempotent). Every handle holds device memory of its own:
+        an evaluation that builds thousands of GraphDecoders runs out without this."""
         if self.handle:
             self.lib.cublasDestroy_v2(self.handle)
             self.handle = self._ct.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:       # interpreter shutdown: the library may already be gone
+            pass
 
 
 class GraphDecoder:
@@ -512,6 +520,17 @@ class GraphDecoder:
             self.stream.synchronize()
         finally:
             model._gemm = None
+
+    def close(self):
+        """Release the graph, its memory pool and the cuBLAS handle (also on garbage collection)."""
+        self.gemm.close()
+        self.graph = self.pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def replay(self, tokens):
         """tokens [B] (host or device ints) -> logits [B, V] float32 (static device buffer)."""
