@@ -7,6 +7,9 @@
 //                var = sum_t (W_t/Z)^2 (m2_t - q2_t / S_t) / S_t^2
 // kind 2 global / largest_remainder: o = part_o summed / S,   var = max(0, sum m2 / S - |o|^2) / S
 // lse = m* + log Z; spread = sqrt(var / D). Parts with l == 0 hold no rows and are skipped.
+// o_stride: the partial outputs (part_o and part_s.zw) sit in every o_stride-th part slot, each
+// summing o_stride parts (kind 2 from santa_tile_warp's chunks; 1 otherwise); the stats (m, l)
+// of every part still give the log-sum-exp.
 #include "common.cuh"
 
 #define SC_MERGE_DENSE 0
@@ -67,13 +70,13 @@ __device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
 }
 
 // grid (H, B), block SC_MERGE_THREADS (16 warps). Pass 1: one read of part_s gives m* and Z
-// (online log-sum-exp). Pass 2: warp w merges parts w, w + 16, ..., SC_MERGE_UNROLL of them in
+// (online log-sum-exp). Pass 2: warp w merges partials w, w + 16, ..., SC_MERGE_UNROLL of them in
 // flight, its lanes over D (D/32 consecutive floats each, vector loads); the warps are summed
 // through shared memory. The latency chain is two global round trips plus the output write.
 template <typename T, int D>
 __global__ void __launch_bounds__(SC_MERGE_THREADS)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
-            i64 L_max, int H, int part_rows, int P_max, int kind, int samples, T* __restrict__ out,
+            i64 L_max, int H, int part_rows, int P_max, int o_stride, int kind, int samples, T* __restrict__ out,
             float* __restrict__ lse, float* __restrict__ spread) {
     constexpr int kWarps = SC_MERGE_THREADS / 32;
     constexpr int kPerLane = D / 32;
@@ -101,14 +104,16 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
     float var = 0.f, m2 = 0.f;
-    for (int p0 = warp; p0 < n_parts; p0 += kWarps * U) {
+    const int n_out = (n_parts + o_stride - 1) / o_stride;          // partial outputs
+    for (int k0 = warp; k0 < n_out; k0 += kWarps * U) {
         float4 s4[U];
         float v[U][kPerLane];
 #pragma unroll
         for (int u = 0; u < U; ++u) {                       // issue every load first
-            const int p = p0 + u * kWarps;
-            s4[u] = p < n_parts ? st[p] : make_float4(-SC_INF, 0.f, 0.f, 0.f);
-            if (p < n_parts) load_lane<kPerLane>(po + (i64)p * D + lane * kPerLane, v[u]);
+            const int k = k0 + u * kWarps;
+            const i64 p = (i64)k * o_stride;
+            s4[u] = k < n_out ? st[p] : make_float4(-SC_INF, 0.f, 0.f, 0.f);
+            if (k < n_out) load_lane<kPerLane>(po + p * D + lane * kPerLane, v[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {

@@ -7,7 +7,7 @@
 //
 // Shared memory: s [G][BN] f32 | m, l [G] f32
 // Versions: santa_score (v2, above), santa_score_async (v3, cp.async ring), santa_score_mma (v4,
-// tensor cores, one warp per tile; fp16/bf16, D 64/128), each below with its own comment.
+// tensor cores, one warp per run of tiles; fp16/bf16, D 64/128), each below with its own comment.
 #include "common.cuh"
 #include "tile.cuh"
 #include "stream.cuh"
@@ -125,104 +125,123 @@ santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const 
     cp_async_wait<0>();
 }
 
-// v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per tile, no block-level sync:
-// grid (ceil(T_max / 4), KVH, B), warp w of block x takes tile 4x + w. The warp scores its tile in
-// BN/16 steps of 16 keys (S = Q K^T as in decode_dense_mma, the K slices of the next step in
-// flight while one computes), keeps the scores in registers, reduces the tile's (m, l) per head
-// with shuffles and writes the stash and part_s itself.
+// ---- v4 helpers (santa_score_mma) ---------------------------------------------------------
+// Online (max, exp-sum) of one thread's scores of one head row: after the steps seen so far,
+// l = sum exp(s - m). Keys past the sequence are -inf and add nothing; m stays -inf until a
+// real key arrives (no -inf - -inf).
+struct OnlineStats {
+    float m = -SC_INF, l = 0.f;
+    __device__ __forceinline__ void push2(float s0, float s1) {
+        const float m_new = fmaxf(m, fmaxf(s0, s1));
+        if (m_new == -SC_INF) return;
+        l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
+        m = m_new;
+    }
+    // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
+    __device__ __forceinline__ void reduce_group() {
+        float m_all = m;
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
+        float l_all = m == -SC_INF ? 0.f : l * __expf(m - m_all);
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, off);
+        m = m_all; l = l_all;
+    }
+};
+
+// The stash of one 8-key n-tile of a step: thread (gi, tq) holds keys c + 2 tq + {0, 1} of its
+// row (c = 16 st + 8 j), x0/x1; dst = the row's stash at the tile's first key; lim = (rows in
+// the tile) - 2 tq, so key c + 2 tq + e exists iff c + e < lim.
+__device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq, int lim, float x0, float x1) {
+    const int r = c + 2 * tq;
+    if (pairs && c + 1 < lim) *reinterpret_cast<float2*>(dst + r) = make_float2(x0, x1);
+    else {
+        if (c < lim) dst[r] = x0;
+        if (c + 1 < lim) dst[r + 1] = x1;
+    }
+}
+
+// v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per run of consecutive tiles, no
+// block-level sync: grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B); warp w of block x takes
+// chunk c = 4x + w, i.e. tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) that are < T_max and
+// start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
+// decode_dense_mma); each step's scores go straight to the stash and into per-thread online
+// (m, l) (OnlineStats), combined over the 4 threads of a group at the tile's end into part_s.
+// K goes through two register buffers by a step counter that runs across the warp's tiles:
+// while step k computes, step k + 1 is loading, the first step of the next tile included, so
+// the K stream does not stop at tile boundaries. Holding no scores keeps the registers at
+// real step in flight: 136 at BN 128, D 128, G 4 (holding the tile's scores for a two-pass max/sum
+// took 162; capping at 128 for a 4th block per SM spills).
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
-                float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
+                float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
                 float4* __restrict__ part_s) {
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
-    constexpr bool kHi = MmaQuery<T, D, G>::kHi;
+    constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
     constexpr int KW = D / 8, NSTEP = BN / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
-    const int t = blockIdx.x * (SC_NTHREADS / 32) + warp, g = blockIdx.y;
+    const int g = blockIdx.y;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
-    const i64 row0 = (i64)t * BN;
-    if (t >= T_max || row0 >= n) return;                // whole warp
-    const i64 row_end = min(row0 + BN, (i64)n);
+    const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
+    const int t_end = min(t_begin + tiles_per_warp, min(T_max, (n + BN - 1) / BN));
+    if (t_begin >= t_end) return;                        // whole warp
     const i64 head0 = b * H + (i64)g * G;
+    // This thread's stash rows: head gi (and gi + 8); 8-byte aligned pairs when the row starts even.
+    float* stash_lo = scores + (head0 + gi) * L_max;
+    float* stash_hi = scores + (head0 + gi + 8) * L_max;
+    const bool pairs_lo = ((head0 + gi) * L_max & 1) == 0, pairs_hi = ((head0 + gi + 8) * L_max & 1) == 0;
+    const bool own_lo = gi < G, own_hi = kHi && gi + 8 < G;
 
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
 
-    float s[NSTEP][2][4];                                // scores (natural-log scale), -inf past n
-    u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]
+    u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]: step k in buffer k & 1
+    {
+        const i64 row0 = (i64)t_begin * BN, row_end = min(row0 + BN, (i64)n);
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-        load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
+        for (int j = 0; j < 2; ++j)
+            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
+    }
+    for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
+        const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
+        const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
+        // Tile t + 1 if the warp owns it, else the empty range [row0, row0): its first step loads nothing.
+        const bool has_next = t + 1 < t_end;
+        const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
+        OnlineStats lo, hi;
 #pragma unroll
-    for (int st = 0; st < NSTEP; ++st) {
-        const int cur = st & 1;
-        if (st + 1 < NSTEP) {
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = (t - t_begin) * NSTEP + st, cur = k & 1;   // the warp's step counter
+            // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of tile t + 1.
+            const bool last = st + 1 == NSTEP;
+            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
 #pragma unroll
             for (int j = 0; j < 2; ++j)
-                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, row0 + 16 * (st + 1) + 8 * j + gi, row_end, row0, g,
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
                                      L_max, KVH, tq);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            float acc[4];
-            mq.scores(acc, kbuf[cur][j]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool valid = row0 + 16 * st + 8 * j + 2 * tq + (e & 1) < row_end;
-                s[st][j][e] = valid ? acc[e] * scale : -SC_INF;
-            }
-        }
-    }
-    // Tile stats per row (head): max, then sum of exp, over the 4 threads of a group.
-    float m_lo = -SC_INF, m_hi = -SC_INF;
-#pragma unroll
-    for (int st = 0; st < NSTEP; ++st)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            m_lo = fmaxf(m_lo, fmaxf(s[st][j][0], s[st][j][1]));
-            if (kHi) m_hi = fmaxf(m_hi, fmaxf(s[st][j][2], s[st][j][3]));
-        }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, off));
-        if (kHi) m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, off));
-    }
-    float l_lo = 0.f, l_hi = 0.f;
-#pragma unroll
-    for (int st = 0; st < NSTEP; ++st)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            l_lo += __expf(s[st][j][0] - m_lo) + __expf(s[st][j][1] - m_lo);
-            if (kHi) l_hi += __expf(s[st][j][2] - m_hi) + __expf(s[st][j][3] - m_hi);
-        }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-        if (kHi) l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-    }
-    // Stash: row gi (and gi + 8) holds keys row0 + 16 st + 8 j + 2 tq + {0, 1}.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int h = gi + 8 * half;
-        if (h >= G || (half == 1 && !kHi)) continue;
-        float* dst = scores + (head0 + h) * L_max + row0;
-        const bool pairs = ((head0 + h) * L_max & 1) == 0;   // 8-byte aligned pairs (row0, r even)
-#pragma unroll
-        for (int st = 0; st < NSTEP; ++st)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const int r = 16 * st + 8 * j + 2 * tq;
-                if (pairs && row0 + r + 1 < row_end)
-                    *reinterpret_cast<float2*>(dst + r) = make_float2(s[st][j][2 * half], s[st][j][2 * half + 1]);
-                else {
-                    if (row0 + r < row_end) dst[r] = s[st][j][2 * half];
-                    if (row0 + r + 1 < row_end) dst[r + 1] = s[st][j][2 * half + 1];
-                }
+                float acc[4];
+                mq.scores(acc, kbuf[cur][j]);
+                const int c = 16 * st + 8 * j;
+                float sc[4];                             // scores (natural-log scale), -inf past n
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[e] = c + (e & 1) < lim ? acc[e] * scale : -SC_INF;
+                if (own_lo) stash_pair(stash_lo + row0, pairs_lo, c, tq, lim, sc[0], sc[1]);
+                if (own_hi) stash_pair(stash_hi + row0, pairs_hi, c, tq, lim, sc[2], sc[3]);
+                lo.push2(sc[0], sc[1]);
+                if (kHi) hi.push2(sc[2], sc[3]);
             }
-        if (tq == 0) part_s[(head0 + h) * T_max + t] = make_float4(half ? m_hi : m_lo, half ? l_hi : l_lo, 0.f, 0.f);
+        }
+        lo.reduce_group();
+        if (kHi) hi.reduce_group();
+        if (tq == 0) {
+            if (own_lo) part_s[(head0 + gi) * T_max + t] = make_float4(lo.m, lo.l, 0.f, 0.f);
+            if (own_hi) part_s[(head0 + gi + 8) * T_max + t] = make_float4(hi.m, hi.l, 0.f, 0.f);
+        }
     }
 }

@@ -141,16 +141,22 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     if (threadIdx.x == 0) atomicAdd(&rows_read[b * KVH + g], nsel);
 }
 
-// ---- v4 pass 2: one warp per tile (systematic sampler, global / largest_remainder budgets) ------
+// ---- v4 pass 2: one warp per run of tiles (systematic sampler, global / largest_remainder) -----
 // The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
 // the same closed-form comb counts) but computed in registers by the 32 lanes of one warp, each
-// owning rows [lane * BN/32, (lane + 1) * BN/32) of the tile; no block barrier, no shared
+// owning rows [lane * BN/32, (lane + 1) * BN/32) of a tile; no block barrier, no shared
 // accumulator. Selected rows (the union over the group's heads) are gathered 4 at a time, every
 // lane adding its D/32 elements into per-head register accumulators.
-// grid (ceil(T_max / 4), KVH, B), block SC_NTHREADS; warp w of block x takes tile 4x + w.
+// grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS; warp w of block x
+// takes chunk c = 4x + w, tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) of its sequence.
+// The budgets' estimate is a plain sum over tiles, (1/S) sum_j c_j V_j, so the warp sums its
+// tiles in registers and writes ONE partial per chunk, into the slots of the chunk's first tile
+// t0: part_o[b, h, t0, :] and part_s[b, h, t0].zw = (sum c ||V||^2, ||sum c V||^2); .xy keep
+// pass 1's (m, l) of t0 (the merge's log-sum-exp reads every tile's). A chunk without comb points
+// writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge skips it (santa_merge,
+// o_stride = tiles_per_warp).
 // Shared memory per warp (kernels.py: tile_warp_smem_bytes): cnt [G][BN] i32 | rows [BN] i32.
 
-// N consecutive elements of a row as floats, one vector load (N * sizeof(T) in {4, 8, 16, 32} bytes).
 template <typename T, int N>
 __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
     constexpr int kBytes = N * (int)sizeof(T);
@@ -167,48 +173,16 @@ __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
     for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
 }
 
-template <typename T, int D, int BN, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
-santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
-                int T_max, int budget, int samples, u64 seed, const i64* __restrict__ step, int layer,
-                const float* __restrict__ scores, const double* __restrict__ cdf, const int* __restrict__ alloc,
-                float4* __restrict__ part_s, float* __restrict__ part_o, int* __restrict__ rows_read) {
-    static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
-    constexpr int R = BN / 32;               // rows per lane
-    constexpr int E = D / 32;                // elements of a V row per lane
-    constexpr int kWarps = SC_NTHREADS / 32;
-    constexpr int kGather = 4;               // V rows in flight
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * kWarps + warp, g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const int n = seq_len(lengths, b, L_max);
-    const i64 row0 = (i64)t * BN;
-    if (t >= T_max || row0 >= n) return;                       // whole warp
-    const int nrows = (int)min((i64)BN, n - row0);
-    const int n_tiles = (n + BN - 1) / BN;
-    const i64 head0 = b * H + (i64)g * G;
-    extern __shared__ __align__(16) unsigned char smem[];
-    int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
-    int* rows = cnt + G * BN;                                          // [BN]
-
-    // Lane h < G: its head's tile stats (pass 1) and comb description.
-    HeadDraw my;
-    float my_m = 0.f;
-    if (lane < G) {
-        const float4 st = part_s[(head0 + lane) * T_max + t];
-        my_m = st.x;
-        const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane));
-        setup_head_draw(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y,
-                        cdf + (head0 + lane) * T_max, alloc + (head0 + lane) * T_max);
-    } else {
-        my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
-    }
-    if (__ballot_sync(0xffffffffu, lane < G && my.n > 0) == 0u) return;   // no comb point here
-
-    // Counts per head: c_j = (points below cum_j) - (points below cum_{j-1}), last row gets the rest.
-    unsigned any_mask[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) any_mask[i] = 0u;
+// Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
+// the ordered list of the selected rows (the union over the heads, row order) into rows[];
+// returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
+// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; src = the stash of
+// the group's first head at the tile's first row (head h at src + h * L_max).
+template <int BN, int G>
+__device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
+                                                const float* src, i64 L_max, int nrows) {
+    constexpr int R = BN / 32;
+    const int lane = threadIdx.x & 31;
     bool any_row[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) any_row[i] = false;
@@ -219,12 +193,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         d.off = __shfl_sync(0xffffffffu, my.off, h);
         d.n = __shfl_sync(0xffffffffu, my.n, h);
         const float m_h = __shfl_sync(0xffffffffu, my_m, h);
-        const float* src = scores + (head0 + h) * L_max + row0;
         float c[R];
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             const int j = lane * R + i;
-            c[i] = j < nrows ? __expf(src[j] - m_h) : 0.f;
+            c[i] = j < nrows ? __expf(src[h * L_max + j] - m_h) : 0.f;
         }
         float run = 0.f;                                   // tile_cumsum's order
 #pragma unroll
@@ -249,35 +222,31 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             any_row[i] |= count > 0;
         }
     }
-    // Ordered list of the selected rows (row order: lane-major runs, as in the tile).
-    int nsel = 0, mine_before = 0;
-    {
-        int mine = 0;
+    int mine = 0;
 #pragma unroll
-        for (int i = 0; i < R; ++i) mine += any_row[i];
-        int incl = mine;
+    for (int i = 0; i < R; ++i) mine += any_row[i];
+    int incl = mine;
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int x = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += x;
-        }
-        mine_before = incl - mine;
-        nsel = __shfl_sync(0xffffffffu, incl, 31);
-        int k = mine_before;
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-            if (any_row[i]) rows[k++] = lane * R + i;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
     }
+    int k = incl - mine;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (any_row[i]) rows[k++] = lane * R + i;
     __syncwarp();
+    return __shfl_sync(0xffffffffu, incl, 31);
+}
 
-    // Gather-add: acc[h][e] += c_h(j) V_j[lane*E + e];  m2p[h] += c_h(j) * (lane's part of ||V_j||^2)
-    float acc[G][E], m2p[G];
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-        m2p[h] = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
-    }
+// Gather-add of the nsel selected rows of one tile (first row row0), kGather V rows in flight:
+// acc[h][e] += c_h(j) V_j[lane*E + e];  m2p[h] += c_h(j) * (lane's part of ||V_j||^2)
+template <typename T, int D, int BN, int G, int kGather>
+__device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
+                                                const int* rows, int nsel, const T* v_cache, i64 b, i64 row0,
+                                                int g, i64 L_max, int KVH) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
     for (int base = 0; base < nsel; base += kGather) {           // warp-uniform
         float v[kGather][E];
         int jr[kGather];
@@ -304,17 +273,74 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             }
         }
     }
-    // Partials: part_o[b, h, t, :] = acc, part_s = (m_t, l_t, sum c ||V||^2, ||sum c V||^2).
+}
+
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
+                int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
+                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
+                int* __restrict__ rows_read) {
+    static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
+    constexpr int E = D / 32;                // elements of a V row per lane
+    constexpr int kWarps = SC_NTHREADS / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int n_tiles = (n + BN - 1) / BN;
+    const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
+    const int t_end = min(t0 + tiles_per_warp, n_tiles);
+    if (t0 >= t_end) return;                                   // whole warp
+    const i64 head0 = b * H + (i64)g * G;
+    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
+    extern __shared__ __align__(16) unsigned char smem[];
+    int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
+    int* rows = cnt + G * BN;                                          // [BN]
+
+    float acc[G][E], m2p[G];                 // summed over the chunk's tiles
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m2p[h] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+    }
+    int rows_total = 0;                      // distinct (tile, row) pairs read
+    for (int t = t0; t < t_end; ++t) {
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+        HeadDraw my;                         // lane h < G: head h's pass-1 stats and comb points
+        float my_m = 0.f;
+        if (lane < G) {
+            const float4 st = part_s[(head0 + lane) * T_max + t];
+            my_m = st.x;
+            setup_head_draw(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y,
+                            cdf + (head0 + lane) * T_max, alloc + (head0 + lane) * T_max);
+        } else {
+            my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
+        }
+        if (__ballot_sync(0xffffffffu, lane < G && my.n > 0) == 0u) continue;   // no comb point here
+        const int nsel = warp_tile_counts<BN, G>(cnt, rows, my, my_m, scores + head0 * L_max + row0, L_max, nrows);
+        warp_gather_add<T, D, BN, G, 4>(acc, m2p, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
+        rows_total += nsel;
+        __syncwarp();                        // cnt and rows are rewritten by the next tile
+    }
+    if (rows_total == 0) return;             // no comb point in the chunk: part_s[., t0].zw stay 0
+    // The chunk's partial in t0's slots: part_o[b, h, t0, :] = acc, part_s.zw = (m2, ||acc||^2).
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         float sq = 0.f;
-        float* dst = part_o + ((head0 + h) * T_max + t) * D + lane * E;
+        float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
 #pragma unroll
         for (int e = 0; e < E; ++e) { dst[e] = acc[h][e]; sq = fmaf(acc[h][e], acc[h][e], sq); }
         sq = warp_sum(sq);
         const float m2 = warp_sum(m2p[h]);
-        const float m_h = __shfl_sync(0xffffffffu, my_m, h), l_h = __shfl_sync(0xffffffffu, my.l, h);
-        if (lane == 0) part_s[(head0 + h) * T_max + t] = make_float4(m_h, l_h, m2, sq);
+        if (lane == 0) {
+            float4* st = part_s + (head0 + h) * T_max + t0;
+            st->z = m2;
+            st->w = sq;
+        }
     }
-    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], nsel);
+    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
 }

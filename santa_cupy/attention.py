@@ -108,7 +108,7 @@ class DecodePlan:
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
-                 dense_kernel="auto", score_kernel="auto", tile_kernel="auto"):
+                 dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -145,11 +145,22 @@ class DecodePlan:
                           "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)
+        if tiles_per_warp is not None and (isinstance(tiles_per_warp, bool) or not isinstance(tiles_per_warp, int)
+                                           or tiles_per_warp < 1):
+            raise ValueError(f"tiles_per_warp must be None (automatic) or an integer >= 1, got {tiles_per_warp!r}")
+        # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
+        # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
+        self.score_tpw = self.tile_tpw = 1
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
         else:
             self.P_max = self.T_max
             self.score_tiles_per_split = self._score_splits()
+            if self.score_kernel == "mma":
+                self.score_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.score_mma, 0)
+            if self.tile_kernel == "warp":
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(
+                    self.kernels.tile_warp, kernels.tile_warp_smem_bytes(self.block_n, self.G))
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
@@ -172,6 +183,14 @@ class DecodePlan:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
         return max(1, math.ceil(self.T_max / want))
+
+    def _tiles_per_warp(self, kernel, smem):
+        """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.tiles_per_warp(self.T_max, self.B * self.KVH, slots)
 
     def _dense_splits(self):
         """(rows per split, splits): whole waves of resident blocks over B * KVH * splits, splits of
@@ -217,7 +236,7 @@ class DecodePlan:
             self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        self._merge(lengths, out, kind, self.block_n)
+        self._merge(lengths, out, kind, self.block_n, self.tile_tpw)
         return out
 
     def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0):
@@ -243,7 +262,7 @@ class DecodePlan:
         stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(q, k_cache, v_cache, lengths, layer, "fused",
                                                               self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n)
+        stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n, self.tile_tpw)
         return stages
 
     def _output(self, out):
@@ -286,9 +305,9 @@ class DecodePlan:
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
-        elif self.score_kernel == "mma":             # one warp per tile
-            kernels.launch(self.kernels.score_mma, (-(-self.T_max // (kernels.THREADS // 32)), self.KVH, self.B),
-                           (*common, self.scores, self.part_s))
+        elif self.score_kernel == "mma":             # one warp per run of score_tpw tiles
+            kernels.launch(self.kernels.score_mma, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
+                           (*common, i32(self.score_tpw), self.scores, self.part_s))
         else:
             tps = self.score_tiles_per_split
             kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
@@ -302,10 +321,10 @@ class DecodePlan:
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
-        if mode == "fused" and self.tile_kernel == "warp":      # one warp per tile
-            kernels.launch(K.tile_warp, (-(-self.T_max // (kernels.THREADS // 32)), self.KVH, self.B),
+        if mode == "fused" and self.tile_kernel == "warp":      # one warp per run of tile_tpw tiles
+            kernels.launch(K.tile_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                            (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                            i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples), u64(self.seed), self.step,
+                            i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples), u64(self.seed), self.step,
                             i32(layer), self.scores, self.cdf, self.alloc, self.part_s, self.part_o, rows_read),
                            kernels.tile_warp_smem_bytes(self.block_n, self.G))
             return
@@ -317,11 +336,16 @@ class DecodePlan:
                         self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read),
                        kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 
-    def _merge(self, lengths, out, kind, part_rows):
+    def _warp_blocks(self, tpw):
+        """Blocks (of THREADS // 32 warps) over the runs of tpw tiles of one (sequence, KV head)."""
+        return -(-(-(-self.T_max // tpw)) // (kernels.THREADS // 32))
+
+    def _merge(self, lengths, out, kind, part_rows, o_stride=1):
+        """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles)."""
         i32 = kernels.i32
         kernels.launch(self.kernels.merge, (self.H, self.B),
-                       (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows), i32(self.P_max),
-                        i32(kind), i32(self.samples), out, self.lse, self.spread),
+                       (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
+                        i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread),
                        threads=kernels.MERGE_THREADS)
 
     def _int32_lengths(self, lengths):

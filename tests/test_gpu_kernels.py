@@ -260,6 +260,40 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
 
 
 @pytest.mark.parametrize("budget", ["global", "largest_remainder"])
+@pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 3), (3, 64, "float16", 128, 2),
+                                                   (4, 128, "bfloat16", 128, 4), (12, 128, "float16", 64, 5),
+                                                   (5, 128, "float16", 64, 16)])
+def test_runs_of_tiles_match_single_tiles(budget, G, D, dtype, block_n, tpw):
+    """One warp per run of tpw tiles (score pass, warp pass 2 and the merge's o_stride): the same
+    stash and tile stats bit for bit, the same counts (rows read), the output and spread up to
+    float32 summation order. Lengths cut runs short and leave runs without any tile."""
+    rng = np.random.default_rng(G * D + block_n + tpw)
+    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7, 2 * tpw * block_n]
+    L_max = max(lengths) + 3
+    q, k, v, lens = random_inputs(rng, 5, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    res = {}
+    for runs in (1, tpw):
+        plan = _poisoned_plan(batch=5, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                              samples=96, budget=budget, seed=23, step=2, block_n=block_n, tiles_per_warp=runs)
+        assert plan.score_tpw == runs and plan.tile_tpw == (runs if G <= 8 else 1)
+        plan.scores.fill(np.nan)
+        o = _as_float(plan.run(*args, layer=1))
+        assert np.isfinite(o).all(), "output not fully written"
+        res[runs] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get(), plan.scores.get(),
+                     plan.part_s.get()[..., :2])
+    (o1, r1, s1, l1, sc1, st1), (o2, r2, s2, l2, sc2, st2) = res[1], res[tpw]
+    for j, n in enumerate(lengths):
+        assert np.array_equal(sc1[j, :, :n], sc2[j, :, :n]), "score stash differs"
+        tiles = -(-n // block_n)
+        assert np.array_equal(st1[j, :, :tiles], st2[j, :, :tiles]), "tile stats differ"
+    assert np.array_equal(r1, r2), "distinct rows read differ (different counts)"
+    assert rel_l2(o2, o1) < max(DENSE_TOL[dtype], 1e-5)
+    assert np.allclose(s2, s1, rtol=2e-2, atol=1e-4)
+    assert np.allclose(l2, l1, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", ["global", "largest_remainder"])
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
                                                (3, 256, "float16", 64), (8, 128, "float32", 128)])
 def test_score_v3_equals_v2(budget, G, D, dtype, block_n):

@@ -238,3 +238,40 @@ def test_tile_kernel_choice(launches):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
     with pytest.raises(ValueError, match="tile_kernel"):
         DecodePlan(heads=8, tile_kernel="grid", **kw)
+
+
+@pytest.mark.parametrize("tiles,groups,slots,want", [
+    (256, 128, 660, 13),    # B=16, 32k: one wave of 640 blocks, not 12.4 waves of single tiles
+    (256, 8, 660, 1),       # B=1: 512 blocks already fit one wave
+    (256, 32, 660, 4),      # B=4: 512 blocks, one wave
+    (1, 1, 660, 1),
+])
+def test_tiles_per_warp(tiles, groups, slots, want):
+    got = kernels.tiles_per_warp(tiles, groups, slots)
+    assert got == want
+    blocks = groups * -(-(-(-tiles // got)) // 4)
+    assert -(-tiles // got) * got >= tiles and blocks <= slots * -(-blocks // slots)
+
+
+def test_runs_of_tiles_launch_and_merge_stride(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3)
+    assert (plan.score_tpw, plan.tile_tpw, plan.T_max) == (3, 3, 24)
+    plan.run(q, k, v, lengths)
+    by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
+    params = _kernel_params()
+    for name in ("santa_score_mma", "santa_tile_warp"):
+        grid, args = by_name[name]
+        assert grid == (2, 2, 2)                               # ceil(ceil(24 / 3) / 4) blocks
+        assert int(args[params[name].index("tiles_per_warp")]) == 3
+    grid, args = by_name["santa_merge"]
+    assert int(args[params["santa_merge"].index("o_stride")]) == 3
+    auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
+    block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
+    assert block.tile_tpw == 1                                 # the block pass 2 writes a partial per tile
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="tiles_per_warp"):
+            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)

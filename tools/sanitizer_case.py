@@ -28,6 +28,9 @@ for budget in spec.BUDGETS:
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
         if budget != "fixed":
+            for runs in (2, 3):               # one warp per run of tiles (score pass, warp pass 2)
+                DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                           budget=budget, block_n=64, tiles_per_warp=runs).run(q, k, v, lengths)
             DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                        budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()
