@@ -7,7 +7,10 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+# the device machine's copy of .git can be stale: trust SANTA_CUPY_COMMIT when it is given
+commit=${SANTA_CUPY_COMMIT:-}
+[ -z "$commit" ] && commit="$(git rev-parse --short HEAD 2>/dev/null) (the device's .git copy; can be stale)"
+echo "commit $commit" | tee -a "$OUT/gpu.txt"
 K=${1:-}
 # The device has no network: never let a model pull wait on pip's retries. The default model comes
 # in two carried halves instead (tools/device_model.md); reassemble and convert it when present.
