@@ -94,3 +94,26 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache
     load_words<D / 8>(w, cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH) + t * (D / 4),
                       key < row_end);
 }
+
+// Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
+// MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
+// -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
+struct OnlineStats {
+    float m = -SC_INF, l = 0.f;
+    __device__ __forceinline__ void push2(float s0, float s1) {
+        const float m_new = fmaxf(m, fmaxf(s0, s1));
+        if (m_new == -SC_INF) return;
+        l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
+        m = m_new;
+    }
+    // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
+    __device__ __forceinline__ void reduce_group() {
+        float m_all = m;
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
+        float l_all = m == -SC_INF ? 0.f : l * __expf(m - m_all);
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, off);
+        m = m_all; l = l_all;
+    }
+};

@@ -126,29 +126,6 @@ santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const 
 }
 
 // ---- v4 helpers (santa_score_mma) ---------------------------------------------------------
-// Online (max, exp-sum) of one thread's scores of one head row: after the steps seen so far,
-// l = sum exp(s - m). Keys past the sequence are -inf and add nothing; m stays -inf until a
-// real key arrives (no -inf - -inf).
-struct OnlineStats {
-    float m = -SC_INF, l = 0.f;
-    __device__ __forceinline__ void push2(float s0, float s1) {
-        const float m_new = fmaxf(m, fmaxf(s0, s1));
-        if (m_new == -SC_INF) return;
-        l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
-        m = m_new;
-    }
-    // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
-    __device__ __forceinline__ void reduce_group() {
-        float m_all = m;
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
-        float l_all = m == -SC_INF ? 0.f : l * __expf(m - m_all);
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, off);
-        m = m_all; l = l_all;
-    }
-};
-
 // The stash of one 8-key n-tile of a step: thread (gi, tq) holds keys c + 2 tq + {0, 1} of its
 // row (c = 16 st + 8 j), x0/x1; dst = the row's stash at the tile's first key; lim = (rows in
 // the tile) - 2 tq, so key c + 2 tq + e exists iff c + e < lim.

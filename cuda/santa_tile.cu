@@ -17,6 +17,7 @@
 #include "santa_sample.cuh"
 #include "santa_gather.cuh"
 #include "stream.cuh"
+#include "mma.cuh"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -176,11 +177,12 @@ __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
 // Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
 // the ordered list of the selected rows (the union over the heads, row order) into rows[];
 // returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
-// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; src = the stash of
-// the group's first head at the tile's first row (head h at src + h * L_max).
+// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; src = the scores of
+// the group's first head at the tile's first row, head h at src + h * stride (the global stash:
+// stride L_max; santa_fixed_warp's shared copy: stride BN).
 template <int BN, int G>
 __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
-                                                const float* src, i64 L_max, int nrows) {
+                                                const float* src, i64 stride, int nrows) {
     constexpr int R = BN / 32;
     const int lane = threadIdx.x & 31;
     bool any_row[R];
@@ -197,7 +199,7 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             const int j = lane * R + i;
-            c[i] = j < nrows ? __expf(src[h * L_max + j] - m_h) : 0.f;
+            c[i] = j < nrows ? __expf(src[h * stride + j] - m_h) : 0.f;
         }
         float run = 0.f;                                   // tile_cumsum's order
 #pragma unroll
@@ -341,6 +343,117 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             st->z = m2;
             st->w = sq;
         }
+    }
+    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
+}
+
+// ---- v4 fixed budget: score, sample and gather fused, one warp per run of tiles -----------------
+// Budget fixed, systematic sampler, fp16/bf16 at D 64/128, G <= 8: the tile kernel of that budget
+// (santa_tile, SC_MODE_FUSED) rebuilt from the v4 parts. A warp scores each tile of its run as
+// santa_score_mma does (tensor cores, the next 16-key step in flight across tile boundaries,
+// online (m, l)), puts the tile's scores in its shared scores [G][BN], then draws its S_t =
+// max(1, S // T_b) comb points per head and gathers exactly as santa_tile_warp (the same counts by
+// the same arithmetic from the same scores), and writes the tile's partials as santa_tile does:
+// part_o[b, h, t, :] = sum c V, part_s[b, h, t] = (m_t, l_t, sum c ||V||^2, ||sum c V||^2); merge
+// kind fixed weighs the tiles (o_stride 1). Every tile has samples (S_t >= 1).
+// grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS.
+// Shared memory per warp (kernels.py: fixed_warp_smem_bytes): s [G][BN] f32 | cnt [G][BN] i32 | rows [BN] i32.
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_fixed_warp(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                 const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
+                 int tiles_per_warp, int samples, u64 seed, const i64* __restrict__ step, int layer,
+                 float4* __restrict__ part_s, float* __restrict__ part_o, int* __restrict__ rows_read) {
+    static_assert(D == 64 || D == 128, "fixed warp: head_dim 64 or 128 (mma)");
+    static_assert(G <= 8, "fixed warp: G <= 8 (register counts, rows 0..7 of the mma tile)");
+    constexpr int KW = D / 8, NSTEP = BN / 16, E = D / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gi = lane >> 2, tq = lane & 3;
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int n_tiles = (n + BN - 1) / BN;
+    const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
+    const int t_end = min(t_begin + tiles_per_warp, min(T_max, n_tiles));
+    if (t_begin >= t_end) return;                        // whole warp
+    const i64 head0 = b * H + (i64)g * G;
+    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s_tile = reinterpret_cast<float*>(smem) + warp * (2 * G * BN + BN);   // [G][BN]
+    int* cnt = reinterpret_cast<int*>(s_tile + G * BN);                        // [G][BN]
+    int* rows = cnt + G * BN;                                                  // [BN]
+
+    MmaQuery<T, D, G> mq;
+    mq.load(q, head0, gi, tq);
+    u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]: step k in buffer k & 1
+    {
+        const i64 row0 = (i64)t_begin * BN, row_end = min(row0 + BN, (i64)n);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
+    }
+    int rows_total = 0;
+    for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
+        const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
+        const int nrows = (int)(row_end - row0), lim = nrows - 2 * tq;
+        const bool has_next = t + 1 < t_end;
+        const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
+        // ---- score: S = Q K^T into s_tile, online (m, l) per head row ----
+        OnlineStats st_lo;
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = (t - t_begin) * NSTEP + st, cur = k & 1;
+            const bool last = st + 1 == NSTEP;
+            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
+                                     L_max, KVH, tq);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float acc[4];
+                mq.scores(acc, kbuf[cur][j]);
+                const int c = 16 * st + 8 * j;
+                const float s0 = c < lim ? acc[0] * scale : -SC_INF, s1 = c + 1 < lim ? acc[1] * scale : -SC_INF;
+                if (gi < G) *reinterpret_cast<float2*>(s_tile + gi * BN + c + 2 * tq) = make_float2(s0, s1);
+                st_lo.push2(s0, s1);
+            }
+        }
+        st_lo.reduce_group();                            // lanes 4h .. 4h + 3: head h's (m_t, l_t)
+        __syncwarp();                                    // s_tile complete
+        // ---- sample: lane h < G holds head h's stats and comb ----
+        const float my_m = __shfl_sync(0xffffffffu, st_lo.m, 4 * (lane & 7));
+        const float my_l = __shfl_sync(0xffffffffu, st_lo.l, 4 * (lane & 7));
+        HeadDraw my;
+        if (lane < G)
+            setup_head_draw(&my, SC_BUDGET_FIXED, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, my_l, nullptr,
+                            nullptr);
+        else {
+            my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
+        }
+        const int nsel = warp_tile_counts<BN, G>(cnt, rows, my, my_m, s_tile, BN, nrows);
+        // ---- gather and the tile's partials ----
+        float acc[G][E], m2p[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            m2p[h] = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+        }
+        warp_gather_add<T, D, BN, G, 4>(acc, m2p, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float sq = 0.f;
+            float* dst = part_o + ((head0 + h) * T_max + t) * D + lane * E;
+#pragma unroll
+            for (int e = 0; e < E; ++e) { dst[e] = acc[h][e]; sq = fmaf(acc[h][e], acc[h][e], sq); }
+            sq = warp_sum(sq);
+            const float m2 = warp_sum(m2p[h]);
+            const float m_h = __shfl_sync(0xffffffffu, my_m, h), l_h = __shfl_sync(0xffffffffu, my_l, h);
+            if (lane == 0) part_s[(head0 + h) * T_max + t] = make_float4(m_h, l_h, m2, sq);
+        }
+        rows_total += nsel;
+        __syncwarp();                                    // s_tile, cnt and rows are rewritten next tile
     }
     if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
 }

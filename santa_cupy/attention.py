@@ -5,7 +5,7 @@ speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ thro
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
   dense:  decode_dense_partial (split-KV) -> santa_merge
-  santa fixed:  santa_tile (score + sample + gather fused) -> santa_merge
+  santa fixed:  santa_tile (score + sample + gather fused; or santa_fixed_warp, opt-in) -> santa_merge
   santa global / largest_remainder:  santa_score -> santa_prefix -> santa_tile -> santa_merge
 """
 
@@ -133,8 +133,10 @@ class DecodePlan:
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
-        # tile: systematic sampler, two-pass budgets, G <= 8); "auto": "warp" where it applies
-        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, budget, heads // kv_heads)
+        # run of tiles: systematic sampler, G <= 8; the fixed budget also needs fp16/bf16 at D 64/128);
+        # "auto": "warp" for the two-pass budgets, "block" for fixed (its warp kernel is opt-in)
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, budget, heads // kv_heads, dtype,
+                                                       head_dim)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -156,11 +158,16 @@ class DecodePlan:
         else:
             self.P_max = self.T_max
             self.score_tiles_per_split = self._score_splits()
-            if self.score_kernel == "mma":
+            if self.score_kernel == "mma" and budget != "fixed":     # the fixed budget has no score pass
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.score_mma, 0)
-            if self.tile_kernel == "warp":
+            if self.tile_kernel == "warp" and budget == "fixed":
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(
+                    self.kernels.fixed_warp, kernels.fixed_warp_smem_bytes(self.block_n, self.G))
+            elif self.tile_kernel == "warp":
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(
                     self.kernels.tile_warp, kernels.tile_warp_smem_bytes(self.block_n, self.G))
+        # tiles summed per partial: the two-pass warp kernel writes one per run, the others per tile
+        self.merge_stride = self.tile_tpw if self.tile_kernel == "warp" and budget != "fixed" else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
@@ -236,7 +243,7 @@ class DecodePlan:
             self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        self._merge(lengths, out, kind, self.block_n, self.tile_tpw)
+        self._merge(lengths, out, kind, self.block_n, self.merge_stride)
         return out
 
     def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0):
@@ -262,7 +269,7 @@ class DecodePlan:
         stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(q, k_cache, v_cache, lengths, layer, "fused",
                                                               self._no_counts)
         kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n, self.tile_tpw)
+        stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n, self.merge_stride)
         return stages
 
     def _output(self, out):
@@ -321,6 +328,13 @@ class DecodePlan:
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
+        if mode == "fused" and self.tile_kernel == "warp" and self.budget == "fixed":   # score + sample + gather
+            kernels.launch(K.fixed_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+                           (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
+                            i64(self.L_max), i32(self.T_max), i32(self.tile_tpw), i32(self.samples), u64(self.seed),
+                            self.step, i32(layer), self.part_s, self.part_o, rows_read),
+                           kernels.fixed_warp_smem_bytes(self.block_n, self.G))
+            return
         if mode == "fused" and self.tile_kernel == "warp":      # one warp per run of tile_tpw tiles
             kernels.launch(K.tile_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                            (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),

@@ -91,6 +91,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G:
         names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}>"
+        if mma_supported(dtype_name, head_dim):
+            names["fixed_warp"] = f"santa_fixed_warp<{t}, {d}, {bn}, {g}>"
     return names
 
 
@@ -158,30 +160,41 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
     return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
 
-TILE_KERNELS = ("auto", "block", "warp")   # santa_tile (a block per tile), santa_tile_warp (v4)
+TILE_KERNELS = ("auto", "block", "warp")   # santa_tile (a block per tile), v4 santa_tile_warp / santa_fixed_warp
 WARP_TILE_MAX_G = 8
 
 
-def warp_tile_supported(sampler, budget, group) -> bool:
-    """santa_tile_warp covers the fused pass of the systematic sampler with a two-pass budget."""
-    return sampler == "systematic" and budget != "fixed" and group <= WARP_TILE_MAX_G
+def warp_tile_supported(sampler, budget, group, dtype_name="bfloat16", head_dim=128) -> bool:
+    """The v4 warp kernels cover the systematic sampler at G <= 8: santa_tile_warp the fused pass
+    of the two-pass budgets; santa_fixed_warp the fixed budget (it scores on tensor cores, so
+    fp16/bf16 at D 64/128 only)."""
+    if sampler != "systematic" or group > WARP_TILE_MAX_G:
+        return False
+    return budget != "fixed" or mma_supported(dtype_name, head_dim)
 
 
-def resolve_tile_kernel(choice, sampler, budget, group) -> str:
-    """"auto" -> "warp" where it applies, else "block"; an explicit "warp" must apply."""
-    ok = warp_tile_supported(sampler, budget, group)
+def resolve_tile_kernel(choice, sampler, budget, group, dtype_name="bfloat16", head_dim=128) -> str:
+    """"auto" -> "warp" where it applies, except for the fixed budget, whose warp kernel
+    (santa_fixed_warp) is opt-in until it has been measured on a GPU; an explicit "warp" must apply."""
+    ok = warp_tile_supported(sampler, budget, group, dtype_name, head_dim)
     if choice == "auto":
-        return "warp" if ok else "block"
+        return "warp" if ok and budget != "fixed" else "block"
     if choice == "warp" and not ok:
-        raise ValueError(f"tile_kernel='warp' needs sampler='systematic', a budget other than 'fixed' and "
-                         f"heads // kv_heads <= {WARP_TILE_MAX_G}, got sampler={sampler!r}, budget={budget!r}, "
-                         f"group={group}")
+        raise ValueError(f"tile_kernel='warp' needs sampler='systematic' and heads // kv_heads <= {WARP_TILE_MAX_G} "
+                         f"(budget 'fixed': also dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}), got "
+                         f"sampler={sampler!r}, budget={budget!r}, group={group}, dtype={dtype_name!r}, "
+                         f"head_dim={head_dim}")
     return choice
 
 
 def tile_warp_smem_bytes(block_n, group) -> int:
     """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32."""
     return 4 * (THREADS // 32) * (group * block_n + block_n)
+
+
+def fixed_warp_smem_bytes(block_n, group) -> int:
+    """santa_fixed_warp: per warp s [G][BN] f32 | cnt [G][BN] i32 | rows [BN] i32."""
+    return 4 * (THREADS // 32) * (2 * group * block_n + block_n)
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
@@ -203,6 +216,7 @@ class KernelSet:
     score_mma: object = None
     tile: object = None
     tile_warp: object = None
+    fixed_warp: object = None
     prefix: object = None
 
 

@@ -97,6 +97,7 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
+         ("santa", "fixed", "warp", ["santa_fixed_warp", "santa_merge"]),
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
 
@@ -106,10 +107,14 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     from santa_cupy import DecodePlan
 
     q, k, v, lengths = _inputs()
+    tile = dense_kernel == "warp"                     # the column names the tile kernel instead
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
                       dense_kernel=dense_kernel if method == "dense" else "stream",
-                      score_kernel=dense_kernel if method == "santa" else "stream")
-    assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == ("mma" if dense_kernel == "auto" else dense_kernel)
+                      score_kernel=dense_kernel if method == "santa" and not tile else "stream",
+                      tile_kernel="warp" if tile else "auto")
+    if not tile:
+        assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == \
+            ("mma" if dense_kernel == "auto" else dense_kernel)
     out = plan.run(q, k, v, lengths)
     assert out is plan.out
     assert [name for name, *_ in launches] == expected
@@ -236,6 +241,10 @@ def test_tile_kernel_choice(launches):
     assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
+    # the fixed budget's warp kernel (santa_fixed_warp) is opt-in and scores on tensor cores
+    assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).tile_kernel == "warp"
+    with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
+        DecodePlan(heads=8, budget="fixed", tile_kernel="warp", dtype="float32", **kw)
     with pytest.raises(ValueError, match="tile_kernel"):
         DecodePlan(heads=8, tile_kernel="grid", **kw)
 
@@ -275,3 +284,22 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="tiles_per_warp"):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
+
+
+def test_fixed_warp_launch(launches):
+    """santa_fixed_warp: runs of tiles fitted like the other warp kernels, one partial per tile
+    (the merge's o_stride stays 1: the fixed budget weighs every tile)."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
+                      tile_kernel="warp", tiles_per_warp=5)
+    assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 1, 1)
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["santa_fixed_warp", "santa_merge"]
+    params = _kernel_params()
+    (_, grid, _, args, smem), (_, _, _, margs, _) = launches
+    assert grid == (2, 2, 2) and smem == kernels.fixed_warp_smem_bytes(128, 4)   # ceil(ceil(24 / 5) / 4)
+    assert int(args[params["santa_fixed_warp"].index("tiles_per_warp")]) == 5
+    assert int(margs[params["santa_merge"].index("o_stride")]) == 1
+    assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_FIXED

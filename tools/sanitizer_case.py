@@ -33,5 +33,8 @@ for budget in spec.BUDGETS:
                            budget=budget, block_n=64, tiles_per_warp=runs).run(q, k, v, lengths)
             DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                        budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
+for runs in (1, 2):                           # the opt-in v4 fixed budget (santa_fixed_warp)
+    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget="fixed", block_n=64,
+               tile_kernel="warp", tiles_per_warp=runs).run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()
 print("sanitizer case done")
