@@ -8,8 +8,10 @@ export PYTHONPATH=.
 SEC="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
 SEC="$SEC --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
 if [ $# -eq 0 ]; then
-  set -- "dense 1 32768" "dense 16 32768" "dense 1 32768 --kernel stream" \
-         "santa-global-systematic-256 1 32768" "santa-global-systematic-256 16 32768"
+  set -- "dense 1 32768" "dense 16 32768" \
+         "santa-global-systematic-256 1 32768" "santa-global-systematic-256 16 32768" \
+         "santa-global-systematic-256 16 32768 --tiles-per-warp 1" \
+         "santa-fixed-systematic-2048 16 32768 --tile-kernel warp"
 fi
 for case in "$@"; do
   tag=$(echo "$case" | tr ' ' '_' | tr -d '-')

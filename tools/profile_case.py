@@ -1,7 +1,8 @@
 """One decode-attention configuration run a few times, for `ncu` (Nsight Compute).
 
     ncu --clock-control none --section SpeedOfLight python3 tools/profile_case.py dense 1 32768
-    python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--async]
+    python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
+    python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp
 
 Llama-3.1-8B shapes (H=32, KVH=8, D=128), bf16, random K/V; runs the plan `--runs` times."""
 
@@ -18,7 +19,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
 ap.add_argument("batch", type=int)
 ap.add_argument("context", type=int)
-ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score: stream|async")
+ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score pass: the same")
+ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp")
+ap.add_argument("--tiles-per-warp", type=int, default=None, help="santa v4 kernels: tiles per warp (default: fitted)")
 ap.add_argument("--runs", type=int, default=3)
 a = ap.parse_args()
 
@@ -35,7 +38,9 @@ if a.method == "dense":
 else:
     _, budget, sampler, s = a.method.split("-")
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
-                      samples=int(s), sampler=sampler, budget=budget, score_kernel="stream" if kind == "auto" else kind)
+                      samples=int(s), sampler=sampler, budget=budget, score_kernel=kind, tile_kernel=a.tile_kernel,
+                      tiles_per_warp=a.tiles_per_warp)
+    print(f"score {plan.score_kernel} x{plan.score_tpw}, pass 2 {plan.tile_kernel} x{plan.tile_tpw}")
 for _ in range(a.runs):
     plan.run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()
