@@ -156,7 +156,12 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // pass 1's (m, l) of t0 (the merge's log-sum-exp reads every tile's). A chunk without comb points
 // writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge skips it (santa_merge,
 // o_stride = tiles_per_warp).
-// Shared memory per warp (kernels.py: tile_warp_smem_bytes): cnt [G][BN] i32 | rows [BN] i32.
+// kSharedSums: the run's sums live in shared memory (each lane its own D/32 slice per head) instead
+// of registers, so they are not live through the counts phase: 72 instead of 96 registers at
+// bf16, D 128, BN 128, G 4 (7 instead of 5 blocks per SM) for one shared read-add-write per
+// tile and head. Opt-in (tile_kernel="warp_smem") until measured against the register version.
+// Shared memory per warp (kernels.py: tile_warp_smem_bytes): cnt [G][BN] i32 | rows [BN] i32,
+// then, for kSharedSums, sums [G][D] f32 per warp after the 4 warps' cnt/rows.
 
 template <typename T, int N>
 __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
@@ -277,7 +282,7 @@ __device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (
     }
 }
 
-template <typename T, int D, int BN, int G>
+template <typename T, int D, int BN, int G, bool kSharedSums>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
@@ -300,13 +305,18 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     extern __shared__ __align__(16) unsigned char smem[];
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
     int* rows = cnt + G * BN;                                          // [BN]
+    // kSharedSums: this warp's [G][D] run sums (lane-private slices, so no synchronisation)
+    float* sums = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D) + lane * E;
 
-    float acc[G][E], m2p[G];                 // summed over the chunk's tiles
+    float run[G][E], m2p[G];                 // the run's sums (registers version; m2p always)
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         m2p[h] = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+        for (int e = 0; e < E; ++e) {
+            if constexpr (kSharedSums) sums[h * D + e] = 0.f;
+            else run[h][e] = 0.f;
+        }
     }
     int rows_total = 0;                      // distinct (tile, row) pairs read
     for (int t = t0; t < t_end; ++t) {
@@ -324,7 +334,21 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         }
         if (__ballot_sync(0xffffffffu, lane < G && my.n > 0) == 0u) continue;   // no comb point here
         const int nsel = warp_tile_counts<BN, G>(cnt, rows, my, my_m, scores + head0 * L_max + row0, L_max, nrows);
+        float tile[G][E];                    // kSharedSums: this tile's sums, folded into `sums` below
+        if constexpr (kSharedSums) {
+#pragma unroll
+            for (int h = 0; h < G; ++h)
+#pragma unroll
+                for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
+        }
+        float (&acc)[G][E] = kSharedSums ? tile : run;
         warp_gather_add<T, D, BN, G, 4>(acc, m2p, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
+        if constexpr (kSharedSums) {
+#pragma unroll
+            for (int h = 0; h < G; ++h)
+#pragma unroll
+                for (int e = 0; e < E; ++e) sums[h * D + e] += tile[h][e];
+        }
         rows_total += nsel;
         __syncwarp();                        // cnt and rows are rewritten by the next tile
     }
@@ -335,7 +359,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         float sq = 0.f;
         float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
 #pragma unroll
-        for (int e = 0; e < E; ++e) { dst[e] = acc[h][e]; sq = fmaf(acc[h][e], acc[h][e], sq); }
+        for (int e = 0; e < E; ++e) {
+            const float x = kSharedSums ? sums[h * D + e] : run[h][e];
+            dst[e] = x;
+            sq = fmaf(x, x, sq);
+        }
         sq = warp_sum(sq);
         const float m2 = warp_sum(m2p[h]);
         if (lane == 0) {

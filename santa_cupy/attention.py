@@ -163,11 +163,10 @@ class DecodePlan:
             if self.tile_kernel == "warp" and budget == "fixed":
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(
                     self.kernels.fixed_warp, kernels.fixed_warp_smem_bytes(self.block_n, self.G))
-            elif self.tile_kernel == "warp":
-                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(
-                    self.kernels.tile_warp, kernels.tile_warp_smem_bytes(self.block_n, self.G))
+            elif self.tile_kernel in ("warp", "warp_smem"):
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._tile_warp_fn, self._tile_warp_smem)
         # tiles summed per partial: the two-pass warp kernel writes one per run, the others per tile
-        self.merge_stride = self.tile_tpw if self.tile_kernel == "warp" and budget != "fixed" else 1
+        self.merge_stride = self.tile_tpw if self.tile_kernel in ("warp", "warp_smem") and budget != "fixed" else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
@@ -190,6 +189,15 @@ class DecodePlan:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
         return max(1, math.ceil(self.T_max / want))
+
+    @property
+    def _tile_warp_fn(self):
+        """The two-pass warp pass 2: sums in registers ("warp") or in shared memory ("warp_smem")."""
+        return self.kernels.tile_warp_smem if self.tile_kernel == "warp_smem" else self.kernels.tile_warp
+
+    @property
+    def _tile_warp_smem(self):
+        return kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D, self.tile_kernel == "warp_smem")
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
@@ -335,12 +343,12 @@ class DecodePlan:
                             self.step, i32(layer), self.part_s, self.part_o, rows_read),
                            kernels.fixed_warp_smem_bytes(self.block_n, self.G))
             return
-        if mode == "fused" and self.tile_kernel == "warp":      # one warp per run of tile_tpw tiles
-            kernels.launch(K.tile_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+        if mode == "fused" and self.tile_kernel in ("warp", "warp_smem"):   # one warp per run of tile_tpw tiles
+            kernels.launch(self._tile_warp_fn, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                            (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                             i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples), u64(self.seed), self.step,
                             i32(layer), self.scores, self.cdf, self.alloc, self.part_s, self.part_o, rows_read),
-                           kernels.tile_warp_smem_bytes(self.block_n, self.G))
+                           self._tile_warp_smem)
             return
         kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),

@@ -90,7 +90,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G:
-        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}>"
+        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, false>"
+        names["tile_warp_smem"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, true>"
         if mma_supported(dtype_name, head_dim):
             names["fixed_warp"] = f"santa_fixed_warp<{t}, {d}, {bn}, {g}>"
     return names
@@ -160,7 +161,9 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
     return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
 
-TILE_KERNELS = ("auto", "block", "warp")   # santa_tile (a block per tile), v4 santa_tile_warp / santa_fixed_warp
+# santa_tile (a block per tile); v4 santa_tile_warp / santa_fixed_warp; "warp_smem": santa_tile_warp
+# with the run's sums in shared memory (fewer registers; two-pass budgets; opt-in until measured)
+TILE_KERNELS = ("auto", "block", "warp", "warp_smem")
 WARP_TILE_MAX_G = 8
 
 
@@ -179,6 +182,10 @@ def resolve_tile_kernel(choice, sampler, budget, group, dtype_name="bfloat16", h
     ok = warp_tile_supported(sampler, budget, group, dtype_name, head_dim)
     if choice == "auto":
         return "warp" if ok and budget != "fixed" else "block"
+    if choice == "warp_smem" and not (ok and budget != "fixed"):
+        raise ValueError(f"tile_kernel='warp_smem' needs sampler='systematic', a budget other than 'fixed' and "
+                         f"heads // kv_heads <= {WARP_TILE_MAX_G}, got sampler={sampler!r}, budget={budget!r}, "
+                         f"group={group}")
     if choice == "warp" and not ok:
         raise ValueError(f"tile_kernel='warp' needs sampler='systematic' and heads // kv_heads <= {WARP_TILE_MAX_G} "
                          f"(budget 'fixed': also dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}), got "
@@ -187,9 +194,10 @@ def resolve_tile_kernel(choice, sampler, budget, group, dtype_name="bfloat16", h
     return choice
 
 
-def tile_warp_smem_bytes(block_n, group) -> int:
-    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32."""
-    return 4 * (THREADS // 32) * (group * block_n + block_n)
+def tile_warp_smem_bytes(block_n, group, head_dim=0, shared_sums=False) -> int:
+    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 (+ sums [G][D] f32 for
+    shared_sums, the "warp_smem" version)."""
+    return 4 * (THREADS // 32) * (group * block_n + block_n + (group * head_dim if shared_sums else 0))
 
 
 def fixed_warp_smem_bytes(block_n, group) -> int:
@@ -216,6 +224,7 @@ class KernelSet:
     score_mma: object = None
     tile: object = None
     tile_warp: object = None
+    tile_warp_smem: object = None
     fixed_warp: object = None
     prefix: object = None
 

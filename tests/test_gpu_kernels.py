@@ -286,22 +286,25 @@ def test_standalone_sample_then_gather_equals_fused(budget):
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
                                                (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
                                                (5, 64, "float16", 64)])
-def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
-    """Pass 2 with one warp per tile: the same counts as the block kernel (rows_read and the spread
-    agree), the output up to float32 summation order."""
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_smem"])
+def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel):
+    """Pass 2 with one warp per run of tiles (run sums in registers or in shared memory): the same
+    counts as the block kernel (rows_read and the spread agree), the output up to float32
+    summation order."""
     rng = np.random.default_rng(G * D + block_n)
     lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
     L_max = max(lengths) + 3
     q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
     args = to_gpu(q, k, v, lens)
     res = {}
-    for kernel in ("block", "warp"):
+    for kernel in ("block", warp_kernel):
         plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
-                              samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel)
+                              samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
+                              tiles_per_warp=None if kernel == "block" else 3)   # runs cut short at 10 tiles
         o = _as_float(plan.run(*args, layer=2))
         assert np.isfinite(o).all(), "output not fully written"
         res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
-    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res["warp"]
+    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res[warp_kernel]
     assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
     assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
     # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the

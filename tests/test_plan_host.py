@@ -241,6 +241,9 @@ def test_tile_kernel_choice(launches):
     assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
+    assert DecodePlan(heads=8, tile_kernel="warp_smem", **kw).tile_kernel == "warp_smem"
+    with pytest.raises(ValueError, match="tile_kernel='warp_smem' needs"):
+        DecodePlan(heads=8, budget="fixed", tile_kernel="warp_smem", **kw)
     # the fixed budget's warp kernel (santa_fixed_warp) is opt-in and scores on tensor cores
     assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).tile_kernel == "warp"
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
@@ -303,3 +306,20 @@ def test_fixed_warp_launch(launches):
     assert int(args[params["santa_fixed_warp"].index("tiles_per_warp")]) == 5
     assert int(margs[params["santa_merge"].index("o_stride")]) == 1
     assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_FIXED
+
+
+def test_warp_smem_launch(launches):
+    """tile_kernel="warp_smem": the same launch as "warp" with the shared-sums instance and its
+    larger shared memory; the merge still reads one partial per run."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="warp_smem",
+                      tiles_per_warp=3)
+    plan.run(q, k, v, lengths)
+    by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
+    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    grid, args, smem = by_name["santa_tile_warp"]
+    assert smem == kernels.tile_warp_smem_bytes(128, 4, 128, True) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
+    assert plan._tile_warp_fn is plan.kernels.tile_warp_smem
+    assert int(by_name["santa_merge"][1][_kernel_params()["santa_merge"].index("o_stride")]) == 3

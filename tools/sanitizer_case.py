@@ -31,6 +31,10 @@ for budget in spec.BUDGETS:
             for runs in (2, 3):               # one warp per run of tiles (score pass, warp pass 2)
                 DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                            budget=budget, block_n=64, tiles_per_warp=runs).run(q, k, v, lengths)
+                if sampler == "systematic":       # the run sums in shared memory
+                    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
+                               budget=budget, block_n=64, tiles_per_warp=runs,
+                               tile_kernel="warp_smem").run(q, k, v, lengths)
             DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                        budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
 for runs in (1, 2):                           # the opt-in v4 fixed budget (santa_fixed_warp)
