@@ -117,3 +117,51 @@ struct OnlineStats {
         m = m_all; l = l_all;
     }
 };
+
+// ---- Q K^T over a run of consecutive tiles (santa_score_mma, santa_fixed_warp) ---------------
+// The K slices of the next 16-key step are in flight while a step computes: two register buffers
+// and a step counter that runs across the run's tiles, so the first step of tile t + 1 loads
+// while the last step of tile t computes and the K stream does not stop at tile boundaries.
+//   KeyRun<T, D, BN> kr;  kr.start(...first tile...);
+//   for each tile i of the run: kr.score_tile(mq, i, rows of tile i, rows of tile i + 1 or an
+//                                              empty range, ..., f)
+// f(st, j, s) receives the unscaled scores s (C-fragment layout, MmaQuery::scores) of keys
+// row0 + 16 st + 8 j + [0, 8) of the tile, in step order.
+template <typename T, int D, int BN>
+struct KeyRun {
+    static constexpr int KW = D / 8, NSTEP = BN / 16;
+    u32 kbuf[2][2][KW];                      // [buffer][n-tile][words]: step k in buffer k & 1
+
+    // Step 0 of the run's first tile (rows [row0, row_end)).
+    __device__ __forceinline__ void start(const T* k_cache, i64 b, i64 row0, i64 row_end, int g, i64 L_max, int KVH,
+                                          int gi, int tq) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
+    }
+
+    // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
+    // or an empty range (next_end == next0) after the last, whose loads then read nothing.
+    template <int G, typename F>
+    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const T* k_cache, i64 b,
+                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, i64 L_max,
+                                               int KVH, int gi, int tq, F&& f) {
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = index * NSTEP + st, cur = k & 1;       // the run's step counter
+            // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of the next.
+            const bool last = st + 1 == NSTEP;
+            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
+                                     L_max, KVH, tq);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float s[4];
+                mq.scores(s, kbuf[cur][j]);
+                f(st, j, s);
+            }
+        }
+    }
+};

@@ -157,7 +157,6 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
-    constexpr int KW = D / 8, NSTEP = BN / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
     const int g = blockIdx.y;
@@ -176,13 +175,8 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
 
-    u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]: step k in buffer k & 1
-    {
-        const i64 row0 = (i64)t_begin * BN, row_end = min(row0 + BN, (i64)n);
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
-    }
+    KeyRun<T, D, BN> kr;
+    kr.start(k_cache, b, (i64)t_begin * BN, min((i64)t_begin * BN + BN, (i64)n), g, L_max, KVH, gi, tq);
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
@@ -190,30 +184,17 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         const bool has_next = t + 1 < t_end;
         const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
         OnlineStats lo, hi;
+        kr.score_tile(mq, t - t_begin, k_cache, b, row0, row_end, next0, next_end, g, L_max, KVH, gi, tq,
+                      [&](int st, int j, const float (&acc)[4]) {
+            const int c = 16 * st + 8 * j;
+            float sc[4];                                 // scores (natural-log scale), -inf past n
 #pragma unroll
-        for (int st = 0; st < NSTEP; ++st) {
-            const int k = (t - t_begin) * NSTEP + st, cur = k & 1;   // the warp's step counter
-            // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of tile t + 1.
-            const bool last = st + 1 == NSTEP;
-            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
-                                     L_max, KVH, tq);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                float acc[4];
-                mq.scores(acc, kbuf[cur][j]);
-                const int c = 16 * st + 8 * j;
-                float sc[4];                             // scores (natural-log scale), -inf past n
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sc[e] = c + (e & 1) < lim ? acc[e] * scale : -SC_INF;
-                if (own_lo) stash_pair(stash_lo + row0, pairs_lo, c, tq, lim, sc[0], sc[1]);
-                if (own_hi) stash_pair(stash_hi + row0, pairs_hi, c, tq, lim, sc[2], sc[3]);
-                lo.push2(sc[0], sc[1]);
-                if (kHi) hi.push2(sc[2], sc[3]);
-            }
-        }
+            for (int e = 0; e < 4; ++e) sc[e] = c + (e & 1) < lim ? acc[e] * scale : -SC_INF;
+            if (own_lo) stash_pair(stash_lo + row0, pairs_lo, c, tq, lim, sc[0], sc[1]);
+            if (own_hi) stash_pair(stash_hi + row0, pairs_hi, c, tq, lim, sc[2], sc[3]);
+            lo.push2(sc[0], sc[1]);
+            if (kHi) hi.push2(sc[2], sc[3]);
+        });
         lo.reduce_group();
         if (kHi) hi.reduce_group();
         if (tq == 0) {

@@ -394,7 +394,7 @@ santa_fixed_warp(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  float4* __restrict__ part_s, float* __restrict__ part_o, int* __restrict__ rows_read) {
     static_assert(D == 64 || D == 128, "fixed warp: head_dim 64 or 128 (mma)");
     static_assert(G <= 8, "fixed warp: G <= 8 (register counts, rows 0..7 of the mma tile)");
-    constexpr int KW = D / 8, NSTEP = BN / 16, E = D / 32;
+    constexpr int E = D / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
     const int g = blockIdx.y;
@@ -413,13 +413,8 @@ santa_fixed_warp(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
-    u32 kbuf[2][2][KW];                                  // [buffer][n-tile][words]: step k in buffer k & 1
-    {
-        const i64 row0 = (i64)t_begin * BN, row_end = min(row0 + BN, (i64)n);
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
-    }
+    KeyRun<T, D, BN> kr;
+    kr.start(k_cache, b, (i64)t_begin * BN, min((i64)t_begin * BN + BN, (i64)n), g, L_max, KVH, gi, tq);
     int rows_total = 0;
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
@@ -428,25 +423,13 @@ santa_fixed_warp(const T* __restrict__ q, const T* __restrict__ k_cache, const T
         const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
         // ---- score: S = Q K^T into s_tile, online (m, l) per head row ----
         OnlineStats st_lo;
-#pragma unroll
-        for (int st = 0; st < NSTEP; ++st) {
-            const int k = (t - t_begin) * NSTEP + st, cur = k & 1;
-            const bool last = st + 1 == NSTEP;
-            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
-                                     L_max, KVH, tq);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                float acc[4];
-                mq.scores(acc, kbuf[cur][j]);
-                const int c = 16 * st + 8 * j;
-                const float s0 = c < lim ? acc[0] * scale : -SC_INF, s1 = c + 1 < lim ? acc[1] * scale : -SC_INF;
-                if (gi < G) *reinterpret_cast<float2*>(s_tile + gi * BN + c + 2 * tq) = make_float2(s0, s1);
-                st_lo.push2(s0, s1);
-            }
-        }
+        kr.score_tile(mq, t - t_begin, k_cache, b, row0, row_end, next0, next_end, g, L_max, KVH, gi, tq,
+                      [&](int st, int j, const float (&acc)[4]) {
+            const int c = 16 * st + 8 * j;
+            const float s0 = c < lim ? acc[0] * scale : -SC_INF, s1 = c + 1 < lim ? acc[1] * scale : -SC_INF;
+            if (gi < G) *reinterpret_cast<float2*>(s_tile + gi * BN + c + 2 * tq) = make_float2(s0, s1);
+            st_lo.push2(s0, s1);
+        });
         st_lo.reduce_group();                            // lanes 4h .. 4h + 3: head h's (m_t, l_t)
         __syncwarp();                                    // s_tile complete
         // ---- sample: lane h < G holds head h's stats and comb ----

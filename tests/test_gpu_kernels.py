@@ -129,39 +129,22 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
         assert (info.rows_read.get()[b] == (cg > 0).any(axis=1).sum(-1)).all()
 
 
-@pytest.mark.parametrize("budget,sampler", [("global", "systematic"), ("global", "stratified"),
-                                            ("global", "iid"), ("fixed", "systematic"), ("fixed", "iid")])
-def test_santa_unbiased_over_steps_on_gpu(budget, sampler):
+@pytest.mark.parametrize("budget,sampler,dtype,tile_kernel,tpw", [
+    ("global", "systematic", "float32", "auto", None), ("global", "stratified", "float32", "auto", None),
+    ("global", "iid", "float32", "auto", None), ("fixed", "systematic", "float32", "auto", None),
+    ("fixed", "iid", "float32", "auto", None),
+    ("global", "systematic", "float16", "auto", 2),            # v4: tensor-core scores, warp pass 2, runs
+    ("fixed", "systematic", "float16", "warp", 1), ("fixed", "systematic", "float16", "warp", 2)])   # santa_fixed_warp
+def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, tpw):
     """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate."""
     import cupy
     rng = np.random.default_rng(11)
     lengths = [300]
-    q, k, v, lens = random_inputs(rng, 1, 4, 1, 64, 300, lengths, "float32", peak=1.5)
+    q, k, v, lens = random_inputs(rng, 1, 4, 1, 64, 300, lengths, dtype, peak=1.5)
     exact, _ = reference.dense_attention(q, k, v, lens)
-    plan = DecodePlan(batch=1, heads=4, kv_heads=1, head_dim=64, max_length=300, dtype="float32",
-                      samples=16, sampler=sampler, budget=budget, seed=99, block_n=64)
-    qg, kg, vg, lg = to_gpu(q, k, v, lens)
-    runs = []
-    for _ in range(600):
-        runs.append(plan.run(qg, kg, vg, lg, validate=False).copy())
-        plan.advance()
-    est = cupy.stack(runs).get().astype(np.float64)          # [600, 1, 4, 64]
-    mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(len(runs))
-    z = np.abs(mean - exact) / np.maximum(se, 1e-12)
-    assert np.mean(z < 4) > 0.995, f"max z {z.max():.1f}"
-    assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
-
-
-@pytest.mark.parametrize("tpw", [1, 2])
-def test_fixed_warp_unbiased_over_steps(tpw):
-    """santa_fixed_warp (opt-in v4 fixed budget): the mean over 600 device steps within 4 standard
-    errors of exact attention, per coordinate (float16: the tensor-core path)."""
-    import cupy
-    rng = np.random.default_rng(12)
-    q, k, v, lens = random_inputs(rng, 1, 4, 1, 64, 300, [300], "float16", peak=1.5)
-    exact, _ = reference.dense_attention(q, k, v, lens)
-    plan = DecodePlan(batch=1, heads=4, kv_heads=1, head_dim=64, max_length=300, dtype="float16", samples=16,
-                      budget="fixed", seed=98, block_n=64, tile_kernel="warp", tiles_per_warp=tpw)
+    plan = DecodePlan(batch=1, heads=4, kv_heads=1, head_dim=64, max_length=300, dtype=dtype, samples=16,
+                      sampler=sampler, budget=budget, seed=99, block_n=64, tile_kernel=tile_kernel,
+                      tiles_per_warp=tpw)
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     runs = []
     for _ in range(600):

@@ -1,20 +1,23 @@
-"""Regenerate docs/plots/h200_*.png from docs/results/eval_h200/*.json with evaluate.write_plot.
+"""Regenerate the H200 accuracy plots (docs/plots/h200_*.png) from the eval JSON files.
 
 Run from the repository root: PYTHONPATH=. python docs/plots/make_h200_plots.py
-Each JSON is already a results dict ({"config", <name>}) as written by `santa-cupy eval <name> --json`;
-write_plot draws one panel per evaluation present, so one PNG per evaluation.
+Each JSON is a results dict ({"config", <name>}) as written by `santa-cupy eval <name> --json`;
+evaluate.write_plot draws one panel per evaluation present, so one PNG per evaluation.
+  docs/results/eval_h200     -> h200_*.png     commit 97995f3, v2 kernels (retrieval: reduced grid)
+  docs/results/eval_h200_v4  -> h200_v4_*.png  commit 7a34e04, v4 kernels, full grids (the
+                                               retrieval JSON merged from two device calls)
 """
 import json
 import os
 
 import evaluate
 
-SRC = "docs/results/eval_h200"
+RUNS = {"docs/results/eval_h200": "h200_", "docs/results/eval_h200_v4": "h200_v4_"}
 OUT = "docs/plots"
-NAMES = {"kernel": "h200_kernel_error.png", "model": "h200_model_kl.png",
-         "retrieval": "h200_retrieval.png"}
+NAMES = {"kernel": "kernel_error.png", "model": "model_kl.png", "retrieval": "retrieval.png"}
 
-for name, png in NAMES.items():
-    with open(os.path.join(SRC, f"{name}.json")) as f:
-        results = json.load(f)
-    evaluate.write_plot(os.path.join(OUT, png), {name: results[name]})
+for src, prefix in RUNS.items():
+    for name, png in NAMES.items():
+        with open(os.path.join(src, f"{name}.json")) as f:
+            results = json.load(f)
+        evaluate.write_plot(os.path.join(OUT, prefix + png), {name: results[name]})
