@@ -802,6 +802,52 @@ def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
     return results
 
 
+MERGE_SAME_CONFIG = ("model", "kv_dtype", "seeds", "block_n", "small")   # must agree across merged runs
+MERGE_UNION_CONFIG = ("samplers", "budgets", "samples")                     # the merged run covers all
+
+
+def merge_results(parts: list) -> dict:
+    """One results dict from runs of the same evaluation(s) split by setting, e.g. the retrieval
+    grid run as ``--budgets global,largest_remainder`` and ``--budgets fixed`` to fit a time limit.
+
+    Per evaluation the "results" ({label: entry}) are united: a label may appear in several runs
+    only if its entries are identical (dense, which every run repeats, is deterministic), else
+    ValueError. Every other field of an evaluation (context, lengths, dense greedy path, ...) and
+    the config's model / dtype / seeds must agree; samplers / budgets / samples are united (first
+    seen order) and the seconds are added up. ``config["merged_from"]`` counts the runs.
+    """
+    if not parts:
+        raise ValueError("nothing to merge")
+    config = dict(parts[0]["config"])
+    for i, part in enumerate(parts[1:], 2):
+        for key in MERGE_SAME_CONFIG:
+            if part["config"].get(key) != config.get(key):
+                raise ValueError(f"run {i} differs in config[{key!r}]: {part['config'].get(key)!r} != "
+                                 f"{config.get(key)!r}")
+        for key in MERGE_UNION_CONFIG:
+            config[key] = list(dict.fromkeys(list(config.get(key) or []) + list(part["config"].get(key) or [])))
+    config["seconds"] = round(sum(p["config"].get("seconds", 0) for p in parts), 2)
+    config["merged_from"] = len(parts)
+    merged = {"config": config}
+    for name in ("kernel", "model", "retrieval"):
+        runs = [p[name] for p in parts if name in p]
+        if not runs:
+            continue
+        out = {k: v for k, v in runs[0].items() if k not in ("results", "seconds")}
+        out["results"] = {}
+        for i, run in enumerate(runs, 1):
+            for key, value in run.items():
+                if key not in ("results", "seconds") and value != out.get(key):
+                    raise ValueError(f"{name}: run {i} differs in {key!r}")
+            for label, entry in run["results"].items():
+                if label in out["results"] and out["results"][label] != entry:
+                    raise ValueError(f"{name}: {label!r} appears in several runs with different results")
+                out["results"][label] = entry
+        out["seconds"] = round(sum(r.get("seconds", 0) for r in runs), 2)
+        merged[name] = out
+    return merged
+
+
 def _json_default(o):
     if isinstance(o, np.generic):
         return o.item()
@@ -896,6 +942,38 @@ def eval_model(**kw):
 def eval_retrieval(**kw):
     """Passcode-in-a-haystack retrieval success for dense and each setting."""
     _run(["retrieval"], **kw)
+
+
+@eval_command.command("merge")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the merged results as JSON.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the Markdown report to a file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write a PNG plot (needs matplotlib).")
+def eval_merge(files, json_path, md_path, plot_path):
+    """Merge the --json files of runs split by setting (e.g. by --budgets) into one report."""
+    parts = []
+    for path in files:
+        with open(path) as f:
+            parts.append(json.load(f))
+    try:
+        results = merge_results(parts)
+    except (ValueError, KeyError) as exc:
+        raise click.ClickException(f"cannot merge {', '.join(files)}: {exc}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1, default=_json_default)
+        click.echo(f"wrote {json_path}", err=True)
+    md = report_markdown(results)
+    click.echo(md)
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(md)
+        click.echo(f"wrote {md_path}", err=True)
+    if plot_path:
+        write_plot(plot_path, results)
 
 
 @eval_command.command("all")

@@ -262,7 +262,7 @@ def test_cli_registers_eval_with_subcommands():
     import cli
     r = CliRunner().invoke(cli.main, ["eval", "--help"])
     assert r.exit_code == 0, r.output
-    for sub in ("kernel", "model", "retrieval", "all"):
+    for sub in ("kernel", "model", "retrieval", "all", "merge"):
         assert sub in r.output
     r = CliRunner().invoke(cli.main, ["eval", "kernel", "--help"])
     assert "--samples" in r.output and "--small" in r.output and "--layers" in r.output
@@ -341,3 +341,67 @@ def test_gpu_model_and_retrieval(tiny_gpu):
     assert p["kl"] < 1e-3 and p["greedy_match"] == 5
     r = ev.retrieval_trials(tiny_gpu, IdTok(), [40], [0.5], 1, sts, seeds=[0], answer_tokens=3)
     assert len(r["systematic/global/S=4096"]["trials"]) == 1
+
+
+# ------------------------------------------------------------------------------ merging split runs
+
+
+def _retrieval_run(budgets, settings, dense_answer="1234", seconds=10.0):
+    """A minimal `eval retrieval --json` result of one run split by --budgets."""
+    def trials(ok):
+        return [{"length": 1024, "tokens": 1030, "depth": 0.5, "needle": 0, "seed": 0, "code": 1234,
+                 "answer": "1234" if ok else "no", "success": ok}]
+    results = {"dense": {"setting": {"method": "dense", "sampler": "", "budget": "", "samples": 0},
+                         "trials": trials(dense_answer == "1234")}}
+    for label, ok in settings.items():
+        sampler, budget, S = label.split("/")
+        results[label] = {"setting": {"method": "santa", "sampler": sampler, "budget": budget,
+                                      "samples": int(S.removeprefix("S="))}, "trials": trials(ok)}
+    config = {"model": "m", "device": "gpu", "kv_dtype": "float16", "samplers": ["systematic"], "budgets": budgets,
+              "samples": [16], "seeds": [0], "block_n": None, "small": False, "seconds": seconds}
+    return {"config": config, "retrieval": {"lengths": [1024], "depths": [0.5], "needles": 1, "results": results,
+                                           "seconds": seconds}}
+
+
+def test_merge_results_unites_settings_and_checks_the_rest():
+    a = _retrieval_run(["global"], {"systematic/global/S=16": True}, seconds=10.0)
+    b = _retrieval_run(["fixed"], {"systematic/fixed/S=16": False}, seconds=4.5)
+    m = ev.merge_results([a, b])
+    assert list(m["retrieval"]["results"]) == ["dense", "systematic/global/S=16", "systematic/fixed/S=16"]
+    assert m["config"]["budgets"] == ["global", "fixed"] and m["config"]["merged_from"] == 2
+    assert m["retrieval"]["seconds"] == 14.5 and m["config"]["seconds"] == 14.5
+    assert m["retrieval"]["lengths"] == [1024]
+    table = ev.retrieval_table(m["retrieval"]["results"])
+    assert "| systematic | global | 16 | 1.00 (1/1)" in table and "| systematic | fixed | 16 | 0.00 (0/1)" in table
+    # dense must be the same in every run; so must the grid and the model
+    with pytest.raises(ValueError, match="'dense'"):
+        ev.merge_results([a, _retrieval_run(["fixed"], {}, dense_answer="9")])
+    c = _retrieval_run(["fixed"], {})
+    c["retrieval"]["lengths"] = [2048]
+    with pytest.raises(ValueError, match="lengths"):
+        ev.merge_results([a, c])
+    d = _retrieval_run(["fixed"], {})
+    d["config"]["seeds"] = [0, 1]
+    with pytest.raises(ValueError, match="seeds"):
+        ev.merge_results([a, d])
+    with pytest.raises(ValueError, match="nothing"):
+        ev.merge_results([])
+
+
+def test_cli_merge_writes_one_report(tmp_path):
+    import json
+
+    paths = []
+    for i, run in enumerate([_retrieval_run(["global"], {"systematic/global/S=16": True}),
+                             _retrieval_run(["fixed"], {"systematic/fixed/S=16": True})]):
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    out, md = tmp_path / "merged.json", tmp_path / "merged.md"
+    r = CliRunner().invoke(ev.eval_command, ["merge", *map(str, paths), "--json", str(out), "--markdown", str(md)])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(out.read_text())["retrieval"]["results"]) == 3
+    assert "| systematic | fixed | 16 |" in md.read_text()
+    bad = _retrieval_run(["fixed"], {}, dense_answer="9")
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    r = CliRunner().invoke(ev.eval_command, ["merge", str(paths[0]), str(tmp_path / "bad.json")])
+    assert r.exit_code != 0 and "cannot merge" in r.output
