@@ -153,6 +153,7 @@ class DecodePlan:
         # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
         # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
         self.score_tpw = self.tile_tpw = 1
+        self._warp_pass2 = None      # (kernel, shared memory bytes) of a warp pass 2, resolved once
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
         else:
@@ -160,13 +161,11 @@ class DecodePlan:
             self.score_tiles_per_split = self._score_splits()
             if self.score_kernel == "mma" and budget != "fixed":     # the fixed budget has no score pass
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.score_mma, 0)
-            if self.tile_kernel == "warp" and budget == "fixed":
-                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(
-                    self.kernels.fixed_warp, kernels.fixed_warp_smem_bytes(self.block_n, self.G))
-            elif self.tile_kernel in ("warp", "warp_smem"):
-                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._tile_warp_fn, self._tile_warp_smem)
-        # tiles summed per partial: the two-pass warp kernel writes one per run, the others per tile
-        self.merge_stride = self.tile_tpw if self.tile_kernel in ("warp", "warp_smem") and budget != "fixed" else 1
+            self._warp_pass2 = self._resolve_warp_pass2()
+            if self._warp_pass2 is not None:
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(*self._warp_pass2)
+        # tiles summed per partial: the two-pass warp kernels write one per run, the others per tile
+        self.merge_stride = self.tile_tpw if self._warp_pass2 is not None and budget != "fixed" else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
@@ -190,14 +189,17 @@ class DecodePlan:
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
         return max(1, math.ceil(self.T_max / want))
 
-    @property
-    def _tile_warp_fn(self):
-        """The two-pass warp pass 2: sums in registers ("warp") or in shared memory ("warp_smem")."""
-        return self.kernels.tile_warp_smem if self.tile_kernel == "warp_smem" else self.kernels.tile_warp
-
-    @property
-    def _tile_warp_smem(self):
-        return kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D, self.tile_kernel == "warp_smem")
+    def _resolve_warp_pass2(self):
+        """(kernel, dynamic shared memory) of the fused pass 2 when it is a warp kernel, else None:
+        santa_fixed_warp for the fixed budget, santa_tile_warp with its run sums in registers
+        ("warp") or shared memory ("warp_smem") for the two-pass budgets."""
+        if self.tile_kernel == "block":
+            return None
+        if self.budget == "fixed":
+            return self.kernels.fixed_warp, kernels.fixed_warp_smem_bytes(self.block_n, self.G)
+        shared = self.tile_kernel == "warp_smem"
+        return (self.kernels.tile_warp_smem if shared else self.kernels.tile_warp,
+                kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D, shared))
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
@@ -336,19 +338,18 @@ class DecodePlan:
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
-        if mode == "fused" and self.tile_kernel == "warp" and self.budget == "fixed":   # score + sample + gather
-            kernels.launch(K.fixed_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
-                           (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
-                            i64(self.L_max), i32(self.T_max), i32(self.tile_tpw), i32(self.samples), u64(self.seed),
-                            self.step, i32(layer), self.part_s, self.part_o, rows_read),
-                           kernels.fixed_warp_smem_bytes(self.block_n, self.G))
-            return
-        if mode == "fused" and self.tile_kernel in ("warp", "warp_smem"):   # one warp per run of tile_tpw tiles
-            kernels.launch(self._tile_warp_fn, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
-                           (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                            i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples), u64(self.seed), self.step,
-                            i32(layer), self.scores, self.cdf, self.alloc, self.part_s, self.part_o, rows_read),
-                           self._tile_warp_smem)
+        if mode == "fused" and self._warp_pass2 is not None:        # one warp per run of tile_tpw tiles
+            kernel, smem = self._warp_pass2
+            if self.budget == "fixed":                               # santa_fixed_warp: score + sample + gather
+                args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
+                        i32(self.T_max), i32(self.tile_tpw), i32(self.samples), u64(self.seed), self.step,
+                        i32(layer), self.part_s, self.part_o, rows_read)
+            else:                                                    # santa_tile_warp: sample + gather
+                args = (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
+                        i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
+                        u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc, self.part_s,
+                        self.part_o, rows_read)
+            kernels.launch(kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B), args, smem)
             return
         kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),

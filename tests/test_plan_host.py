@@ -321,5 +321,5 @@ def test_warp_smem_launch(launches):
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
     grid, args, smem = by_name["santa_tile_warp"]
     assert smem == kernels.tile_warp_smem_bytes(128, 4, 128, True) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
-    assert plan._tile_warp_fn is plan.kernels.tile_warp_smem
+    assert plan._warp_pass2[0] is plan.kernels.tile_warp_smem
     assert int(by_name["santa_merge"][1][_kernel_params()["santa_merge"].index("o_stride")]) == 3
