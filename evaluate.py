@@ -787,6 +787,12 @@ def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
         results[name] = runners[name]()
         results[name]["seconds"] = round(time.time() - t, 2)
     results["config"]["seconds"] = round(time.time() - t0, 2)
+    write_report(results, json_path, md_path, plot_path)
+    return results
+
+
+def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
+    """Print the Markdown report; optionally write the raw JSON, the report and a plot."""
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1, default=_json_default)
@@ -799,7 +805,6 @@ def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
         click.echo(f"wrote {md_path}", err=True)
     if plot_path:
         write_plot(plot_path, results)
-    return results
 
 
 MERGE_SAME_CONFIG = ("model", "kv_dtype", "seeds", "block_n", "small")   # must agree across merged runs
@@ -962,18 +967,7 @@ def eval_merge(files, json_path, md_path, plot_path):
         results = merge_results(parts)
     except (ValueError, KeyError) as exc:
         raise click.ClickException(f"cannot merge {', '.join(files)}: {exc}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=1, default=_json_default)
-        click.echo(f"wrote {json_path}", err=True)
-    md = report_markdown(results)
-    click.echo(md)
-    if md_path:
-        with open(md_path, "w") as f:
-            f.write(md)
-        click.echo(f"wrote {md_path}", err=True)
-    if plot_path:
-        write_plot(plot_path, results)
+    write_report(results, json_path, md_path, plot_path)
 
 
 @eval_command.command("all")
