@@ -9,24 +9,22 @@
 //   C, D (16 x 8, f32):      c[0], c[1] = C[gi][2t, 2t+1]    c[2], c[3] = C[gi+8][2t, 2t+1]
 #pragma once
 
-// d = a * b + d for T = f16_t or bf16_t operands, f32 accumulators.
+// d = a * b + d for T = f16_t or bf16_t operands, f32 accumulators: one specialisation per type,
+// stamped from one body (PTX_TYPE = the operand type's PTX name).
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1);
 
-template <>
-__device__ __forceinline__ void mma_16816<bf16_t>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<f16_t>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#define SC_MMA_16816(T, PTX_TYPE)                                                                     \
+    template <>                                                                                       \
+    __device__ __forceinline__ void mma_16816<T>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {  \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE ".f32 "          \
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"            \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                \
+    }
+SC_MMA_16816(bf16_t, "bf16")
+SC_MMA_16816(f16_t, "f16")
+#undef SC_MMA_16816
 
 // Two floats rounded to T and packed: lo in bits 0..15, hi in bits 16..31.
 template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
