@@ -13,8 +13,9 @@ M=${METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-tpw1,
 timeout ${BENCH_TIMEOUT:-240} python3 bench.py kernels --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
   --methods "$M" --json /tmp/perf/bench.json --markdown /tmp/perf/bench.md 2>/tmp/perf/bench.err | tail -40
 tail -2 /tmp/perf/bench.err
-timeout 60 python3 bench.py stages --batch 1 --context 32k 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b1.md
-timeout 60 python3 bench.py stages --batch 16 --context 32k 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b16.md
+SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-warpsmem,santa-fixed-systematic-2048,santa-fixed-systematic-2048-warp}
+timeout 60 python3 bench.py stages --batch 1 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b1.md
+timeout 60 python3 bench.py stages --batch 16 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b16.md
 if [ -z "${SKIP_E2E:-}" ]; then
   for B in 1 16; do
     timeout 150 python3 bench.py e2e --batch $B --context 32k --mem-gb 120 --markdown /tmp/perf/e2e_b$B.md 2>>/tmp/perf/bench.err | tail -8
