@@ -50,14 +50,13 @@ SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels); none = "auto"
-# santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"), or
-# "tpw1" = the v4 kernels with one tile per warp (tiles_per_warp=1, as before runs of tiles), or
-# "warp" = the v4 warp pass 2 where "auto" does not pick it yet (budget fixed: santa_fixed_warp), or
-# "warpsmem" = the two-pass warp pass 2 with its run sums in shared memory (tile_kernel="warp_smem")
-SANTA_VERSIONS = KERNEL_VERSIONS + ("block", "tpw1", "warp", "warpsmem")
+# santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
+# the fixed budget the one fused pass), or "tpw1" = the v4 kernels with one tile per warp
+# (tiles_per_warp=1, as before runs of tiles)
+SANTA_VERSIONS = KERNEL_VERSIONS + ("block", "tpw1")
 DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
                    "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
-                   "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-warp")
+                   "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
 DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
@@ -108,7 +107,7 @@ def parse_method(name: str) -> Method:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-block|-tpw1|-warp|-warpsmem], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-block|-tpw1], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -503,10 +502,6 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
             kw["tile_kernel"] = "block"
         elif method.backend == "tpw1":
             kw["tiles_per_warp"] = 1
-        elif method.backend == "warp":
-            kw["tile_kernel"] = "warp"
-        elif method.backend == "warpsmem":
-            kw["tile_kernel"] = "warp_smem"
         elif method.backend:
             kw["score_kernel"] = method.backend
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,

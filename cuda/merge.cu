@@ -6,15 +6,17 @@
 // kind 1 fixed:  o = sum_t (W_t/Z) part_o_t / S_t,             S_t = max(1, S // T_b)
 //                var = sum_t (W_t/Z)^2 (m2_t - q2_t / S_t) / S_t^2
 // kind 2 global / largest_remainder: o = part_o summed / S,   var = max(0, sum m2 / S - |o|^2) / S
+// kind 3 weighted (fixed, santa_tile_warp): o = part_o summed, var = max(0, sum part_s.z)
 // lse = m* + log Z; spread = sqrt(var / D). Parts with l == 0 hold no rows and are skipped.
 // o_stride: the partial outputs (part_o and part_s.zw) sit in every o_stride-th part slot, each
-// summing o_stride parts (kind 2 from santa_tile_warp's chunks; 1 otherwise); the stats (m, l)
+// summing o_stride parts (kinds 2 and 3 from santa_tile_warp's chunks; 1 otherwise); the stats (m, l)
 // of every part still give the log-sum-exp.
 #include "common.cuh"
 
 #define SC_MERGE_DENSE 0
 #define SC_MERGE_FIXED 1
 #define SC_MERGE_SUM 2
+#define SC_MERGE_WEIGHTED 3
 
 #define SC_MERGE_THREADS 512
 #define SC_MERGE_UNROLL 4        // parts in flight per warp
@@ -118,14 +120,15 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (!(s4[u].y > 0.f)) continue;                  // empty part (or past n_parts)
-            if (kind == SC_MERGE_SUM && s4[u].z == 0.f && s4[u].w == 0.f) continue;   // tile without samples
+            if (kind >= SC_MERGE_SUM && s4[u].z == 0.f && s4[u].w == 0.f) continue;   // chunk without samples
             float w;
             if (kind == SC_MERGE_DENSE) w = __expf(s4[u].x - m_star) / z;
             else if (kind == SC_MERGE_FIXED) {
                 const float wt = __expf(s4[u].x - m_star) * s4[u].y / z;
                 w = wt / s_t;
                 var += wt * wt * fmaxf(0.f, s4[u].z - s4[u].w / s_t) / (s_t * s_t);
-            } else { w = 1.f / S; m2 += s4[u].z; }
+            } else if (kind == SC_MERGE_SUM) { w = 1.f / S; m2 += s4[u].z; }
+            else { w = 1.f; var += s4[u].z; }
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i) o[i] = fmaf(w, v[u][i], o[i]);
         }
@@ -149,7 +152,7 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
     }
     if (threadIdx.x == 0) {
         lse[bh] = m_star + __logf(z);
-        spread[bh] = kind == SC_MERGE_DENSE ? 0.f : sqrtf(var / (float)D);
+        spread[bh] = kind == SC_MERGE_DENSE ? 0.f : sqrtf(fmaxf(var, 0.f) / (float)D);
     }
 }
 

@@ -2,7 +2,8 @@
 //
 // grid (T_max, KVH, B), block SC_NTHREADS; one block = one tile of BN rows of one KV group.
 // Scores come from the stash of santa_score.cu (budgets global and largest_remainder) or, for
-// budget fixed, are computed here from K (one fused pass). mode:
+// budget fixed with the block kernel, are computed here from K (one fused pass; the v4 warp pass 2
+// below takes the fixed budget through the stash like the others). mode:
 //   0 fused: sample, gather-add (tiles without samples return early and write nothing), write part_o[b,h,t,:] = sum c V and part_s[b,h,t] =
 //            (m_t, l_t, sum c ||V||^2, ||sum c V||^2); rows_read[b,g] += distinct rows read
 //   1 sample only: write counts[b, h, j] for the tile's rows
@@ -17,7 +18,6 @@
 #include "santa_sample.cuh"
 #include "santa_gather.cuh"
 #include "stream.cuh"
-#include "mma.cuh"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -142,26 +142,31 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     if (threadIdx.x == 0) atomicAdd(&rows_read[b * KVH + g], nsel);
 }
 
-// ---- v4 pass 2: one warp per run of tiles (systematic sampler, global / largest_remainder) -----
+// ---- v4 pass 2: one warp per run of tiles (systematic sampler, every budget, G <= 8) -----------
 // The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
 // the same closed-form comb counts) but computed in registers by the 32 lanes of one warp, each
 // owning rows [lane * BN/32, (lane + 1) * BN/32) of a tile; no block barrier, no shared
 // accumulator. Selected rows (the union over the group's heads) are gathered 4 at a time, every
-// lane adding its D/32 elements into per-head register accumulators.
+// lane adding its D/32 elements into per-head register accumulators of the tile.
 // grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS; warp w of block x
 // takes chunk c = 4x + w, tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) of its sequence.
-// The budgets' estimate is a plain sum over tiles, (1/S) sum_j c_j V_j, so the warp sums its
-// tiles in registers and writes ONE partial per chunk, into the slots of the chunk's first tile
-// t0: part_o[b, h, t0, :] and part_s[b, h, t0].zw = (sum c ||V||^2, ||sum c V||^2); .xy keep
-// pass 1's (m, l) of t0 (the merge's log-sum-exp reads every tile's). A chunk without comb points
-// writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge skips it (santa_merge,
-// o_stride = tiles_per_warp).
-// kSharedSums: the run's sums live in shared memory (each lane its own D/32 slice per head) instead
-// of registers, so they are not live through the counts phase: 72 instead of 96 registers at
-// bf16, D 128, BN 128, G 4 (7 instead of 5 blocks per SM) for one shared read-add-write per
-// tile and head. Opt-in (tile_kernel="warp_smem") until measured against the register version.
+// Every budget's estimate is a weighted sum over tiles, so the warp sums its run and writes ONE
+// partial per chunk, into the slots of the chunk's first tile t0 (pass 1's (m, l) in .xy stay:
+// the merge's log-sum-exp reads every tile's):
+//   global / largest_remainder: part_o = sum c V, part_s.zw = (sum c ||V||^2, ||sum c V||^2);
+//     merge kind sum (o = part_o / S).
+//   fixed: S_t = max(1, S // T_b) comb points in every tile, weight w_t = (W_t / Z) / S_t with
+//     W_t / Z = cdf[t] - cdf[t-1] from santa_prefix: part_o = sum_t w_t sum c V, part_s.z =
+//     sum_t w_t^2 (sum c ||V||^2 - ||sum c V||^2 / S_t) (the tiles' variances, as merge kind
+//     fixed forms them), .w = ||part_o||^2; merge kind weighted (o = part_o, var = .z summed).
+// A chunk without comb points writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge
+// skips it (santa_merge, o_stride = tiles_per_warp).
+// The run's sums live in shared memory (each lane its own D/32 slice per head) rather than
+// registers, so they are not live through the counts phase: 72 instead of 96 registers at bf16,
+// D 128, BN 128, G 4 (7 instead of 5 blocks per SM), for one shared read-add-write per tile and
+// head; measured faster at every point of the H200 grid (BENCHMARKS.md, step 8).
 // Shared memory per warp (kernels.py: tile_warp_smem_bytes): cnt [G][BN] i32 | rows [BN] i32,
-// then, for kSharedSums, sums [G][D] f32 per warp after the 4 warps' cnt/rows.
+// then sums [G][D] f32 per warp after the 4 warps' cnt/rows.
 
 template <typename T, int N>
 __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
@@ -183,8 +188,7 @@ __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
 // the ordered list of the selected rows (the union over the heads, row order) into rows[];
 // returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
 // gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; src = the scores of
-// the group's first head at the tile's first row, head h at src + h * stride (the global stash:
-// stride L_max; santa_fixed_warp's shared copy: stride BN).
+// the group's first head at the tile's first row, head h at src + h * stride (the stash: L_max).
 template <int BN, int G>
 __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
                                                 const float* src, i64 stride, int nrows) {
@@ -282,7 +286,7 @@ __device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (
     }
 }
 
-template <typename T, int D, int BN, int G, bool kSharedSums>
+template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
@@ -300,67 +304,73 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
     const int t_end = min(t0 + tiles_per_warp, n_tiles);
     if (t0 >= t_end) return;                                   // whole warp
+    const bool fixed = budget == SC_BUDGET_FIXED;
+    // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
+    const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
     const i64 head0 = b * H + (i64)g * G;
     const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
     extern __shared__ __align__(16) unsigned char smem[];
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
     int* rows = cnt + G * BN;                                          // [BN]
-    // kSharedSums: this warp's [G][D] run sums (lane-private slices, so no synchronisation)
+    // this warp's [G][D] run sums (lane-private slices, so no synchronisation)
     float* sums = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D) + lane * E;
 
-    float run[G][E], m2p[G];                 // the run's sums (registers version; m2p always)
+    float m2p[G];                            // this lane's part of part_s.z (sum c ||V||^2 or the variance)
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         m2p[h] = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            if constexpr (kSharedSums) sums[h * D + e] = 0.f;
-            else run[h][e] = 0.f;
-        }
+        for (int e = 0; e < E; ++e) sums[h * D + e] = 0.f;
     }
     int rows_total = 0;                      // distinct (tile, row) pairs read
     for (int t = t0; t < t_end; ++t) {
         const i64 row0 = (i64)t * BN;
         const int nrows = (int)min((i64)BN, n - row0);
         HeadDraw my;                         // lane h < G: head h's pass-1 stats and comb points
-        float my_m = 0.f;
+        float my_m = 0.f, my_w = 1.f;        // my_w: the tile's weight (fixed: (W_t / Z) / S_t)
         if (lane < G) {
             const float4 st = part_s[(head0 + lane) * T_max + t];
+            const double* c = cdf + (head0 + lane) * T_max;
             my_m = st.x;
-            setup_head_draw(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y,
-                            cdf + (head0 + lane) * T_max, alloc + (head0 + lane) * T_max);
+            setup_head_draw(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, c,
+                            alloc + (head0 + lane) * T_max);
+            if (fixed) my_w = (float)(c[t] - (t ? c[t - 1] : 0.0)) * inv_s_t;
         } else {
             my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
         }
         if (__ballot_sync(0xffffffffu, lane < G && my.n > 0) == 0u) continue;   // no comb point here
         const int nsel = warp_tile_counts<BN, G>(cnt, rows, my, my_m, scores + head0 * L_max + row0, L_max, nrows);
-        float tile[G][E];                    // kSharedSums: this tile's sums, folded into `sums` below
-        if constexpr (kSharedSums) {
+        float tile[G][E], tile_m2[G];        // this tile's sum c V and this lane's part of sum c ||V||^2
 #pragma unroll
-            for (int h = 0; h < G; ++h)
+        for (int h = 0; h < G; ++h) {
+            tile_m2[h] = 0.f;
 #pragma unroll
-                for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
+            for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
-        float (&acc)[G][E] = kSharedSums ? tile : run;
-        warp_gather_add<T, D, BN, G, 4>(acc, m2p, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
-        if constexpr (kSharedSums) {
+        warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
 #pragma unroll
-            for (int h = 0; h < G; ++h)
+        for (int h = 0; h < G; ++h) {
+            const float w = __shfl_sync(0xffffffffu, my_w, h);
+            float q2 = 0.f;                  // this lane's part of ||sum c V||^2
 #pragma unroll
-                for (int e = 0; e < E; ++e) sums[h * D + e] += tile[h][e];
+            for (int e = 0; e < E; ++e) {
+                sums[h * D + e] = fmaf(w, tile[h][e], sums[h * D + e]);
+                q2 = fmaf(tile[h][e], tile[h][e], q2);
+            }
+            m2p[h] = fmaf(w * w, tile_m2[h] - q2 * inv_s_t, m2p[h]);   // global: w = 1, inv_s_t = 0
         }
         rows_total += nsel;
         __syncwarp();                        // cnt and rows are rewritten by the next tile
     }
     if (rows_total == 0) return;             // no comb point in the chunk: part_s[., t0].zw stay 0
-    // The chunk's partial in t0's slots: part_o[b, h, t0, :] = acc, part_s.zw = (m2, ||acc||^2).
+    // The chunk's partial in t0's slots: part_o[b, h, t0, :] = sums, part_s.zw = (m2 or var, ||sums||^2).
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         float sq = 0.f;
         float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            const float x = kSharedSums ? sums[h * D + e] : run[h][e];
+            const float x = sums[h * D + e];
             dst[e] = x;
             sq = fmaf(x, x, sq);
         }
@@ -371,100 +381,6 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             st->z = m2;
             st->w = sq;
         }
-    }
-    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
-}
-
-// ---- v4 fixed budget: score, sample and gather fused, one warp per run of tiles -----------------
-// Budget fixed, systematic sampler, fp16/bf16 at D 64/128, G <= 8: the tile kernel of that budget
-// (santa_tile, SC_MODE_FUSED) rebuilt from the v4 parts. A warp scores each tile of its run as
-// santa_score_mma does (tensor cores, the next 16-key step in flight across tile boundaries,
-// online (m, l)), puts the tile's scores in its shared scores [G][BN], then draws its S_t =
-// max(1, S // T_b) comb points per head and gathers exactly as santa_tile_warp (the same counts by
-// the same arithmetic from the same scores), and writes the tile's partials as santa_tile does:
-// part_o[b, h, t, :] = sum c V, part_s[b, h, t] = (m_t, l_t, sum c ||V||^2, ||sum c V||^2); merge
-// kind fixed weighs the tiles (o_stride 1). Every tile has samples (S_t >= 1).
-// grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS.
-// Shared memory per warp (kernels.py: fixed_warp_smem_bytes): s [G][BN] f32 | cnt [G][BN] i32 | rows [BN] i32.
-template <typename T, int D, int BN, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
-santa_fixed_warp(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                 const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
-                 int tiles_per_warp, int samples, u64 seed, const i64* __restrict__ step, int layer,
-                 float4* __restrict__ part_s, float* __restrict__ part_o, int* __restrict__ rows_read) {
-    static_assert(D == 64 || D == 128, "fixed warp: head_dim 64 or 128 (mma)");
-    static_assert(G <= 8, "fixed warp: G <= 8 (register counts, rows 0..7 of the mma tile)");
-    constexpr int E = D / 32;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int gi = lane >> 2, tq = lane & 3;
-    const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const int n = seq_len(lengths, b, L_max);
-    const int n_tiles = (n + BN - 1) / BN;
-    const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
-    const int t_end = min(t_begin + tiles_per_warp, min(T_max, n_tiles));
-    if (t_begin >= t_end) return;                        // whole warp
-    const i64 head0 = b * H + (i64)g * G;
-    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
-    extern __shared__ __align__(16) unsigned char smem[];
-    float* s_tile = reinterpret_cast<float*>(smem) + warp * (2 * G * BN + BN);   // [G][BN]
-    int* cnt = reinterpret_cast<int*>(s_tile + G * BN);                        // [G][BN]
-    int* rows = cnt + G * BN;                                                  // [BN]
-
-    MmaQuery<T, D, G> mq;
-    mq.load(q, head0, gi, tq);
-    KeyRun<T, D, BN> kr;
-    kr.start(k_cache, b, (i64)t_begin * BN, min((i64)t_begin * BN + BN, (i64)n), g, L_max, KVH, gi, tq);
-    int rows_total = 0;
-    for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
-        const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
-        const int nrows = (int)(row_end - row0), lim = nrows - 2 * tq;
-        const bool has_next = t + 1 < t_end;
-        const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
-        // ---- score: S = Q K^T into s_tile, online (m, l) per head row ----
-        OnlineStats st_lo;
-        kr.score_tile(mq, t - t_begin, k_cache, b, row0, row_end, next0, next_end, g, L_max, KVH, gi, tq,
-                      [&](int st, int j, const float (&acc)[4]) {
-            const int c = 16 * st + 8 * j;
-            const float s0 = c < lim ? acc[0] * scale : -SC_INF, s1 = c + 1 < lim ? acc[1] * scale : -SC_INF;
-            if (gi < G) *reinterpret_cast<float2*>(s_tile + gi * BN + c + 2 * tq) = make_float2(s0, s1);
-            st_lo.push2(s0, s1);
-        });
-        st_lo.reduce_group();                            // lanes 4h .. 4h + 3: head h's (m_t, l_t)
-        __syncwarp();                                    // s_tile complete
-        // ---- sample: lane h < G holds head h's stats and comb ----
-        const float my_m = __shfl_sync(0xffffffffu, st_lo.m, 4 * (lane & 7));
-        const float my_l = __shfl_sync(0xffffffffu, st_lo.l, 4 * (lane & 7));
-        HeadDraw my;
-        if (lane < G)
-            setup_head_draw(&my, SC_BUDGET_FIXED, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, my_l, nullptr,
-                            nullptr);
-        else {
-            my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
-        }
-        const int nsel = warp_tile_counts<BN, G>(cnt, rows, my, my_m, s_tile, BN, nrows);
-        // ---- gather and the tile's partials ----
-        float acc[G][E], m2p[G];
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            m2p[h] = 0.f;
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
-        }
-        warp_gather_add<T, D, BN, G, 4>(acc, m2p, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float sq = 0.f;
-            float* dst = part_o + ((head0 + h) * T_max + t) * D + lane * E;
-#pragma unroll
-            for (int e = 0; e < E; ++e) { dst[e] = acc[h][e]; sq = fmaf(acc[h][e], acc[h][e], sq); }
-            sq = warp_sum(sq);
-            const float m2 = warp_sum(m2p[h]);
-            const float m_h = __shfl_sync(0xffffffffu, my_m, h), l_h = __shfl_sync(0xffffffffu, my_l, h);
-            if (lane == 0) part_s[(head0 + h) * T_max + t] = make_float4(m_h, l_h, m2, sq);
-        }
-        rows_total += nsel;
-        __syncwarp();                                    // s_tile, cnt and rows are rewritten next tile
     }
     if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
 }

@@ -5,8 +5,11 @@ speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ thro
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
   dense:  decode_dense_partial (split-KV) -> santa_merge
-  santa fixed:  santa_tile (score + sample + gather fused; or santa_fixed_warp, opt-in) -> santa_merge
-  santa global / largest_remainder:  santa_score -> santa_prefix -> santa_tile -> santa_merge
+  santa, warp pass 2 (systematic sampler, G <= 8; every budget):
+        santa_score (stash + tile stats) -> santa_prefix -> santa_tile_warp -> santa_merge
+  santa, block pass 2 (other samplers or G > 8):
+        global / largest_remainder: santa_score -> santa_prefix -> santa_tile -> santa_merge
+        fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
 """
 
 from __future__ import annotations
@@ -133,10 +136,8 @@ class DecodePlan:
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
-        # run of tiles: systematic sampler, G <= 8; the fixed budget also needs fp16/bf16 at D 64/128);
-        # "auto": "warp" for the two-pass budgets, "block" for fixed (its warp kernel is opt-in)
-        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, budget, heads // kv_heads, dtype,
-                                                       head_dim)
+        # run of tiles: systematic sampler, G <= 8, every budget); "auto": "warp" where it applies
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -153,23 +154,24 @@ class DecodePlan:
         # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
         # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
         self.score_tpw = self.tile_tpw = 1
-        self._warp_pass2 = None      # (kernel, shared memory bytes) of a warp pass 2, resolved once
+        # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
+        # budget on the block kernel, which scores its tiles itself
+        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self.tile_kernel == "warp")
+        self._warp = method == "santa" and self.tile_kernel == "warp"
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
         else:
             self.P_max = self.T_max
             self.score_tiles_per_split = self._score_splits()
-            if self.score_kernel == "mma" and budget != "fixed":     # the fixed budget has no score pass
+            if self.score_kernel == "mma" and two_pass:
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.score_mma, 0)
-            self._warp_pass2 = self._resolve_warp_pass2()
-            if self._warp_pass2 is not None:
-                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(*self._warp_pass2)
-        # tiles summed per partial: the two-pass warp kernels write one per run, the others per tile
-        self.merge_stride = self.tile_tpw if self._warp_pass2 is not None and budget != "fixed" else 1
+            if self._warp:
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.tile_warp, self._warp_smem)
+        # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
+        self.merge_stride = self.tile_tpw if self._warp else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
-        two_pass = method == "santa" and budget != "fixed"
         self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
@@ -189,17 +191,16 @@ class DecodePlan:
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
         return max(1, math.ceil(self.T_max / want))
 
-    def _resolve_warp_pass2(self):
-        """(kernel, dynamic shared memory) of the fused pass 2 when it is a warp kernel, else None:
-        santa_fixed_warp for the fixed budget, santa_tile_warp with its run sums in registers
-        ("warp") or shared memory ("warp_smem") for the two-pass budgets."""
-        if self.tile_kernel == "block":
-            return None
-        if self.budget == "fixed":
-            return self.kernels.fixed_warp, kernels.fixed_warp_smem_bytes(self.block_n, self.G)
-        shared = self.tile_kernel == "warp_smem"
-        return (self.kernels.tile_warp_smem if shared else self.kernels.tile_warp,
-                kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D, shared))
+    @property
+    def _warp_smem(self):
+        return kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D)
+
+    @property
+    def _merge_kind(self):
+        """How santa_merge combines this plan's partials (the fused run)."""
+        if self.budget != "fixed":
+            return kernels.MERGE_SUM
+        return kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
@@ -249,11 +250,10 @@ class DecodePlan:
             self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         self.rows_read.fill(0)
-        if self.budget != "fixed":
+        if self.two_pass:
             self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
-        kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        self._merge(lengths, out, kind, self.block_n, self.merge_stride)
+        self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
         return out
 
     def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0):
@@ -274,12 +274,11 @@ class DecodePlan:
                 "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows),
             }
         stages = {}
-        if self.budget != "fixed":
+        if self.two_pass:
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
-        stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(q, k_cache, v_cache, lengths, layer, "fused",
-                                                              self._no_counts)
-        kind = kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM
-        stages["merge"] = lambda: self._merge(lengths, self.out, kind, self.block_n, self.merge_stride)
+        stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(
+            q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
+        stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n, self.merge_stride)
         return stages
 
     def _output(self, out):
@@ -338,18 +337,12 @@ class DecodePlan:
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
-        if mode == "fused" and self._warp_pass2 is not None:        # one warp per run of tile_tpw tiles
-            kernel, smem = self._warp_pass2
-            if self.budget == "fixed":                               # santa_fixed_warp: score + sample + gather
-                args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
-                        i32(self.T_max), i32(self.tile_tpw), i32(self.samples), u64(self.seed), self.step,
-                        i32(layer), self.part_s, self.part_o, rows_read)
-            else:                                                    # santa_tile_warp: sample + gather
-                args = (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                        i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
-                        u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc, self.part_s,
-                        self.part_o, rows_read)
-            kernels.launch(kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B), args, smem)
+        if mode == "fused" and self._warp:                          # one warp per run of tile_tpw tiles
+            kernels.launch(K.tile_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+                           (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
+                            i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
+                            u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc, self.part_s,
+                            self.part_o, rows_read), self._warp_smem)
             return
         kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),

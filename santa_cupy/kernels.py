@@ -43,7 +43,7 @@ HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 BUDGET_CODE = {"fixed": 0, "global": 1, "largest_remainder": 2}
 SAMPLER_CODE = {"iid": 0, "stratified": 1, "systematic": 2}
 MODE_CODE = {"fused": 0, "sample": 1, "gather": 2}
-MERGE_DENSE, MERGE_FIXED, MERGE_SUM = 0, 1, 2
+MERGE_DENSE, MERGE_FIXED, MERGE_SUM, MERGE_WEIGHTED = 0, 1, 2, 3
 
 
 def kernel_dir() -> Path:
@@ -90,10 +90,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G:
-        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, false>"
-        names["tile_warp_smem"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, true>"
-        if mma_supported(dtype_name, head_dim):
-            names["fixed_warp"] = f"santa_fixed_warp<{t}, {d}, {bn}, {g}>"
+        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}>"
     return names
 
 
@@ -161,48 +158,31 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
     return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
 
-# santa_tile (a block per tile); v4 santa_tile_warp / santa_fixed_warp; "warp_smem": santa_tile_warp
-# with the run's sums in shared memory (fewer registers; two-pass budgets; opt-in until measured)
-TILE_KERNELS = ("auto", "block", "warp", "warp_smem")
+# pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles)
+TILE_KERNELS = ("auto", "block", "warp")
 WARP_TILE_MAX_G = 8
 
 
-def warp_tile_supported(sampler, budget, group, dtype_name="bfloat16", head_dim=128) -> bool:
-    """The v4 warp kernels cover the systematic sampler at G <= 8: santa_tile_warp the fused pass
-    of the two-pass budgets; santa_fixed_warp the fixed budget (it scores on tensor cores, so
-    fp16/bf16 at D 64/128 only)."""
-    if sampler != "systematic" or group > WARP_TILE_MAX_G:
-        return False
-    return budget != "fixed" or mma_supported(dtype_name, head_dim)
+def warp_tile_supported(sampler, group) -> bool:
+    """santa_tile_warp covers the systematic sampler at G <= 8, every budget (the fixed budget then
+    takes the two-pass route: score pass, prefix, warp pass 2)."""
+    return sampler == "systematic" and group <= WARP_TILE_MAX_G
 
 
-def resolve_tile_kernel(choice, sampler, budget, group, dtype_name="bfloat16", head_dim=128) -> str:
-    """"auto" -> "warp" where it applies, except for the fixed budget, whose warp kernel
-    (santa_fixed_warp) is opt-in until it has been measured on a GPU; an explicit "warp" must apply."""
-    ok = warp_tile_supported(sampler, budget, group, dtype_name, head_dim)
+def resolve_tile_kernel(choice, sampler, group) -> str:
+    """"auto" -> "warp" where it applies, else "block"; an explicit "warp" must apply."""
+    ok = warp_tile_supported(sampler, group)
     if choice == "auto":
-        return "warp" if ok and budget != "fixed" else "block"
-    if choice == "warp_smem" and not (ok and budget != "fixed"):
-        raise ValueError(f"tile_kernel='warp_smem' needs sampler='systematic', a budget other than 'fixed' and "
-                         f"heads // kv_heads <= {WARP_TILE_MAX_G}, got sampler={sampler!r}, budget={budget!r}, "
-                         f"group={group}")
+        return "warp" if ok else "block"
     if choice == "warp" and not ok:
-        raise ValueError(f"tile_kernel='warp' needs sampler='systematic' and heads // kv_heads <= {WARP_TILE_MAX_G} "
-                         f"(budget 'fixed': also dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}), got "
-                         f"sampler={sampler!r}, budget={budget!r}, group={group}, dtype={dtype_name!r}, "
-                         f"head_dim={head_dim}")
+        raise ValueError(f"tile_kernel='warp' needs sampler='systematic' and heads // kv_heads <= {WARP_TILE_MAX_G}, "
+                         f"got sampler={sampler!r}, group={group}")
     return choice
 
 
-def tile_warp_smem_bytes(block_n, group, head_dim=0, shared_sums=False) -> int:
-    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 (+ sums [G][D] f32 for
-    shared_sums, the "warp_smem" version)."""
-    return 4 * (THREADS // 32) * (group * block_n + block_n + (group * head_dim if shared_sums else 0))
-
-
-def fixed_warp_smem_bytes(block_n, group) -> int:
-    """santa_fixed_warp: per warp s [G][BN] f32 | cnt [G][BN] i32 | rows [BN] i32."""
-    return 4 * (THREADS // 32) * (2 * group * block_n + block_n)
+def tile_warp_smem_bytes(block_n, group, head_dim) -> int:
+    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32."""
+    return 4 * (THREADS // 32) * (group * block_n + block_n + group * head_dim)
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
@@ -224,8 +204,6 @@ class KernelSet:
     score_mma: object = None
     tile: object = None
     tile_warp: object = None
-    tile_warp_smem: object = None
-    fixed_warp: object = None
     prefix: object = None
 
 

@@ -62,13 +62,16 @@ def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
     ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-block",
             "santa-global-systematic-256-stream",
-            "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-warp"]
+            "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block"]
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
     assert [m.name for m in bench.method_list()] == ours
     quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
     assert quick == ours + ["torch-flash", "torch-cudnn"]
     assert bench.parse_method("santa-global-iid-64-async").backend == "async"
-    assert bench.parse_method("santa-fixed-systematic-2048-warp").backend == "warp"
+    assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
+    for gone in ("warp", "warpsmem"):                    # the warp pass 2 is the default now
+        with pytest.raises(click.BadParameter):
+            bench.parse_method(f"santa-fixed-systematic-2048-{gone}")
     assert bench.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"
     assert bench.parse_method("dense-async") == Method("dense", backend="async")
     assert bench.parse_method("dense-mma") == Method("dense", backend="mma")

@@ -134,7 +134,8 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
     ("global", "iid", "float32", "auto", None), ("fixed", "systematic", "float32", "auto", None),
     ("fixed", "iid", "float32", "auto", None),
     ("global", "systematic", "float16", "auto", 2),            # v4: tensor-core scores, warp pass 2, runs
-    ("fixed", "systematic", "float16", "warp", 1), ("fixed", "systematic", "float16", "warp", 2)])   # santa_fixed_warp
+    ("fixed", "systematic", "float16", "auto", 1), ("fixed", "systematic", "float16", "auto", 2),   # two-pass fixed
+    ("fixed", "systematic", "float32", "block", None)])                                             # one fused pass
 def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, tpw):
     """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate."""
     import cupy
@@ -158,12 +159,14 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
 
 
 @pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 1), (3, 64, "float16", 128, 2),
-                                                   (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1)])
+                                                   (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1),
+                                                   (5, 256, "float32", 64, 2)])
 def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw):
-    """santa_fixed_warp against the fused block kernel of the fixed budget: the same comb counts
-    except for boundary flips (its scores come from tensor cores in another summation order), so
-    rows read agree but for a few and >= 90% of the (sequence, head) outputs agree to rounding;
-    lse agrees. Lengths 1, BN-1, BN+1 and 9 BN + 7 (runs cut short)."""
+    """The fixed budget through the stash (score pass, prefix, santa_tile_warp with pre-weighted
+    run sums, merge kind weighted) against its one fused block kernel: the same comb counts except
+    for boundary flips (the score pass sums in another order: tensor cores, or the v2 FMA kernel
+    at float32), so rows read agree but for a few and >= 90% of the (sequence, head) outputs and
+    spreads agree to rounding; lse agrees. Lengths 1, BN-1, BN+1 and 9 BN + 7 (runs cut short)."""
     rng = np.random.default_rng(G * D + block_n + 7)
     lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
     L_max = max(lengths) + 3
@@ -269,9 +272,8 @@ def test_standalone_sample_then_gather_equals_fused(budget):
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
                                                (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
                                                (5, 64, "float16", 64)])
-@pytest.mark.parametrize("warp_kernel", ["warp", "warp_smem"])
-def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel):
-    """Pass 2 with one warp per run of tiles (run sums in registers or in shared memory): the same
+def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
+    """Pass 2 with one warp per run of tiles (run sums in shared memory): the same
     counts as the block kernel (rows_read and the spread agree), the output up to float32
     summation order."""
     rng = np.random.default_rng(G * D + block_n)
@@ -280,14 +282,14 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel)
     q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
     args = to_gpu(q, k, v, lens)
     res = {}
-    for kernel in ("block", warp_kernel):
+    for kernel in ("block", "warp"):
         plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
                               samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
                               tiles_per_warp=None if kernel == "block" else 3)   # runs cut short at 10 tiles
         o = _as_float(plan.run(*args, layer=2))
         assert np.isfinite(o).all(), "output not fully written"
         res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
-    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res[warp_kernel]
+    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res["warp"]
     assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
     assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
     # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the

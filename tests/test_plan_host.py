@@ -96,8 +96,8 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
-         ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),
-         ("santa", "fixed", "warp", ["santa_fixed_warp", "santa_merge"]),
+         ("santa", "fixed", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "fixed", "block", ["santa_tile", "santa_merge"]),
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
 
@@ -107,11 +107,11 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     from santa_cupy import DecodePlan
 
     q, k, v, lengths = _inputs()
-    tile = dense_kernel == "warp"                     # the column names the tile kernel instead
+    tile = dense_kernel == "block"                    # the column names the tile kernel instead
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
                       dense_kernel=dense_kernel if method == "dense" else "stream",
                       score_kernel=dense_kernel if method == "santa" and not tile else "stream",
-                      tile_kernel="warp" if tile else "auto")
+                      tile_kernel="block" if tile else "auto")
     if not tile:
         assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == \
             ("mma" if dense_kernel == "auto" else dense_kernel)
@@ -237,19 +237,18 @@ def test_tile_kernel_choice(launches):
     kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=300)
     assert DecodePlan(heads=8, **kw).tile_kernel == "warp"
     assert DecodePlan(heads=8, sampler="iid", **kw).tile_kernel == "block"
-    assert DecodePlan(heads=8, budget="fixed", **kw).tile_kernel == "block"
+    fixed = DecodePlan(heads=8, budget="fixed", **kw)                        # two-pass through the stash
+    assert (fixed.tile_kernel, fixed.two_pass) == ("warp", True)
+    fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
+    assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
+    assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
+    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **kw).tile_kernel == "warp"   # any dtype
     assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
-    assert DecodePlan(heads=8, tile_kernel="warp_smem", **kw).tile_kernel == "warp_smem"
-    with pytest.raises(ValueError, match="tile_kernel='warp_smem' needs"):
-        DecodePlan(heads=8, budget="fixed", tile_kernel="warp_smem", **kw)
-    # the fixed budget's warp kernel (santa_fixed_warp) is opt-in and scores on tensor cores
-    assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).tile_kernel == "warp"
-    with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
-        DecodePlan(heads=8, budget="fixed", tile_kernel="warp", dtype="float32", **kw)
-    with pytest.raises(ValueError, match="tile_kernel"):
-        DecodePlan(heads=8, tile_kernel="grid", **kw)
+    for gone in ("grid", "warp_smem"):                                       # warp_smem is now "warp"
+        with pytest.raises(ValueError, match="tile_kernel"):
+            DecodePlan(heads=8, tile_kernel=gone, **kw)
 
 
 @pytest.mark.parametrize("tiles,groups,slots,want", [
@@ -280,6 +279,9 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
         assert int(args[params[name].index("tiles_per_warp")]) == 3
     grid, args = by_name["santa_merge"]
     assert int(args[params["santa_merge"].index("o_stride")]) == 3
+    assert int(args[params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
+    smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
+    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128)] == [4 * 4 * (4 * 128 + 128 + 4 * 128)]
     auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
     block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
@@ -290,36 +292,24 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
 
 
 def test_fixed_warp_launch(launches):
-    """santa_fixed_warp: runs of tiles fitted like the other warp kernels, one partial per tile
-    (the merge's o_stride stays 1: the fixed budget weighs every tile)."""
+    """The fixed budget on the warp pass 2: score pass and prefix first (the prefix's cdf gives the
+    tile weights), runs of tiles like the other budgets, and the merge sums the pre-weighted run
+    partials (kind weighted, o_stride = the run length)."""
     from santa_cupy import DecodePlan
 
     q, k, v, lengths = _inputs(L=3000)
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
-                      tile_kernel="warp", tiles_per_warp=5)
-    assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 1, 1)
+                      tiles_per_warp=5)
+    assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
     plan.run(q, k, v, lengths)
-    assert [name for name, *_ in launches] == ["santa_fixed_warp", "santa_merge"]
+    assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
     params = _kernel_params()
-    (_, grid, _, args, smem), (_, _, _, margs, _) = launches
-    assert grid == (2, 2, 2) and smem == kernels.fixed_warp_smem_bytes(128, 4)   # ceil(ceil(24 / 5) / 4)
-    assert int(args[params["santa_fixed_warp"].index("tiles_per_warp")]) == 5
-    assert int(margs[params["santa_merge"].index("o_stride")]) == 1
-    assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_FIXED
-
-
-def test_warp_smem_launch(launches):
-    """tile_kernel="warp_smem": the same launch as "warp" with the shared-sums instance and its
-    larger shared memory; the merge still reads one partial per run."""
-    from santa_cupy import DecodePlan
-
-    q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="warp_smem",
-                      tiles_per_warp=3)
-    plan.run(q, k, v, lengths)
-    by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
-    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
-    grid, args, smem = by_name["santa_tile_warp"]
-    assert smem == kernels.tile_warp_smem_bytes(128, 4, 128, True) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
-    assert plan._warp_pass2[0] is plan.kernels.tile_warp_smem
-    assert int(by_name["santa_merge"][1][_kernel_params()["santa_merge"].index("o_stride")]) == 3
+    by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
+    grid, args = by_name["santa_tile_warp"]
+    assert grid == (2, 2, 2)                                   # ceil(ceil(24 / 5) / 4)
+    assert int(args[params["santa_tile_warp"].index("budget")]) == kernels.BUDGET_CODE["fixed"]
+    _, margs = by_name["santa_merge"]
+    assert int(margs[params["santa_merge"].index("o_stride")]) == 5
+    assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_WEIGHTED
+    _, pargs = by_name["santa_prefix"]
+    assert int(pargs[params["santa_prefix"].index("budget_lr")]) == 0

@@ -27,18 +27,12 @@ for budget in spec.BUDGETS:
                           sampler=sampler, budget=budget, block_n=64)
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
-        if budget != "fixed":
-            for runs in (2, 3):               # one warp per run of tiles (score pass, warp pass 2)
-                DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                           budget=budget, block_n=64, tiles_per_warp=runs).run(q, k, v, lengths)
-                if sampler == "systematic":       # the run sums in shared memory
-                    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
-                               budget=budget, block_n=64, tiles_per_warp=runs,
-                               tile_kernel="warp_smem").run(q, k, v, lengths)
+        for runs in (2, 3):                   # one warp per run of tiles (score pass, warp pass 2)
             DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                       budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
-for runs in (1, 2):                           # the opt-in v4 fixed budget (santa_fixed_warp)
-    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget="fixed", block_n=64,
-               tile_kernel="warp", tiles_per_warp=runs).run(q, k, v, lengths)
+                       budget=budget, block_n=64, tiles_per_warp=runs).run(q, k, v, lengths)
+        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                   budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
+        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                   budget=budget, block_n=64, tile_kernel="block").run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()
 print("sanitizer case done")
