@@ -51,9 +51,10 @@ SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels); none = "auto"
 # santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
-# the fixed budget the one fused pass), or "tpw1" = the v4 kernels with one tile per warp
-# (tiles_per_warp=1, as before runs of tiles)
-SANTA_VERSIONS = KERNEL_VERSIONS + ("block", "tpw1")
+# the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
+# (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
+# at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged")
+SANTA_VERSIONS = KERNEL_VERSIONS + ("block", "tpw1", "warp", "staged")
 DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
                    "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
                    "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
@@ -107,7 +108,7 @@ def parse_method(name: str) -> Method:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-block|-tpw1], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-block|-tpw1|-warp|-staged], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -502,6 +503,10 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
             kw["tile_kernel"] = "block"
         elif method.backend == "tpw1":
             kw["tiles_per_warp"] = 1
+        elif method.backend == "warp":
+            kw["tile_kernel"] = "warp"
+        elif method.backend == "staged":
+            kw["tile_kernel"] = "warp_staged"
         elif method.backend:
             kw["score_kernel"] = method.backend
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,

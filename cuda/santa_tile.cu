@@ -18,6 +18,7 @@
 #include "santa_sample.cuh"
 #include "santa_gather.cuh"
 #include "stream.cuh"
+#include "async_copy.cuh"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -165,8 +166,10 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // registers, so they are not live through the counts phase: 72 instead of 96 registers at bf16,
 // D 128, BN 128, G 4 (7 instead of 5 blocks per SM), for one shared read-add-write per tile and
 // head; measured faster at every point of the H200 grid (BENCHMARKS.md, step 8).
-// Shared memory per warp (kernels.py: tile_warp_smem_bytes): cnt [G][BN] i32 | rows [BN] i32,
-// then sums [G][D] f32 per warp after the 4 warps' cnt/rows.
+// Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
+// then per warp sums [G][D] f32; then, kStaged, per warp SC_GATHER_STAGE_BYTES of staged V rows.
+
+#define SC_GATHER_STAGE_BYTES 4096   // per warp: staged V rows of warp_gather_add_staged
 
 template <typename T, int N>
 __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
@@ -286,7 +289,50 @@ __device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (
     }
 }
 
-template <typename T, int D, int BN, int G>
+// The same gather-add with the selected rows staged through shared memory by cp.async, kRows
+// rows per round (4 KB per warp): a tile's rows are in flight together without holding registers,
+// so a tile of many selected rows (the fixed budget at large S_t) costs ceil(nsel / kRows) round
+// trips instead of ceil(nsel / 4). Each lane copies and reads back only its own D/32 elements of
+// every row, so its cp.async wait is all the synchronisation needed. stage: this warp's [kRows][D].
+template <typename T, int D, int BN, int G, int kRows>
+__device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
+                                                       const int* rows, int nsel, T* stage, const T* v_cache,
+                                                       i64 b, i64 row0, int g, i64 L_max, int KVH) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    T* mine = stage + lane * E;
+    for (int base = 0; base < nsel; base += kRows) {                // warp-uniform
+        const int m = min(kRows, nsel - base);
+#pragma unroll
+        for (int u = 0; u < kRows; ++u)
+            if (u < m)
+                cp_async_bytes<E * (int)sizeof(T)>(mine + u * D,
+                                                   cache_row<T, D>(v_cache, b, row0 + rows[base + u], g, L_max, KVH) + lane * E);
+        cp_async_commit();
+        cp_async_wait<0>();
+        for (int u = 0; u < m; ++u) {
+            const int j = rows[base + u];
+            float v[E];
+            load_slice<T, E>(mine + u * D, v);
+            float sq = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) sq = fmaf(v[e], v[e], sq);
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const int ch = cnt[h * BN + j];
+                if (ch == 0) continue;
+                const float cf = (float)ch;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[h][e] = fmaf(cf, v[e], acc[h][e]);
+                m2p[h] = fmaf(cf, sq, m2p[h]);
+            }
+        }
+    }
+}
+
+// kStaged: gather through shared memory (warp_gather_add_staged) instead of 4 rows at a time in
+// registers; kernels.py picks it where a tile is expected to select many rows.
+template <typename T, int D, int BN, int G, bool kStaged>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
@@ -314,6 +360,10 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     int* rows = cnt + G * BN;                                          // [BN]
     // this warp's [G][D] run sums (lane-private slices, so no synchronisation)
     float* sums = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D) + lane * E;
+    // kStaged: this warp's [kStageRows][D] staging rows after the 4 warps' sums (16-byte aligned)
+    constexpr int kStageRows = SC_GATHER_STAGE_BYTES / (D * (int)sizeof(T));
+    T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN + G * D)) +
+               warp * kStageRows * D;
 
     float m2p[G];                            // this lane's part of part_s.z (sum c ||V||^2 or the variance)
 #pragma unroll
@@ -347,7 +397,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
 #pragma unroll
             for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
-        warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
+        if constexpr (kStaged)
+            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, v_cache, b, row0,
+                                                            g, L_max, KVH);
+        else
+            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             const float w = __shfl_sync(0xffffffffu, my_w, h);

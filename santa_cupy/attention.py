@@ -136,13 +136,16 @@ class DecodePlan:
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
-        # run of tiles: systematic sampler, G <= 8, every budget); "auto": "warp" where it applies
-        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads)
+        # run of tiles: systematic sampler, G <= 8, every budget; rows gathered 4 at a time) |
+        # "warp_staged" (the same, rows staged through shared memory); "auto": a warp kernel where
+        # it applies, staged where a tile is expected to select many rows
+        self.block_n = block_n or spec.default_block_n(method, head_dim)
+        spec.check_block_n(self.block_n)
+        rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
-        self.block_n = block_n or spec.default_block_n(method, head_dim)
-        spec.check_block_n(self.block_n)
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
         self._dense_fn = {"stream": self.kernels.dense, "async": self.kernels.dense_async,
                           "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
@@ -156,8 +159,8 @@ class DecodePlan:
         self.score_tpw = self.tile_tpw = 1
         # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
         # budget on the block kernel, which scores its tiles itself
-        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self.tile_kernel == "warp")
-        self._warp = method == "santa" and self.tile_kernel == "warp"
+        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged")
+        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
         else:
@@ -166,7 +169,7 @@ class DecodePlan:
             if self.score_kernel == "mma" and two_pass:
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.score_mma, 0)
             if self._warp:
-                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.tile_warp, self._warp_smem)
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
         # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
         self.merge_stride = self.tile_tpw if self._warp else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
@@ -192,8 +195,12 @@ class DecodePlan:
         return max(1, math.ceil(self.T_max / want))
 
     @property
+    def _warp_kernel(self):
+        return self.kernels.tile_warp_staged if self.tile_kernel == "warp_staged" else self.kernels.tile_warp
+
+    @property
     def _warp_smem(self):
-        return kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D)
+        return kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D, self.tile_kernel == "warp_staged")
 
     @property
     def _merge_kind(self):
@@ -338,7 +345,7 @@ class DecodePlan:
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
         if mode == "fused" and self._warp:                          # one warp per run of tile_tpw tiles
-            kernels.launch(K.tile_warp, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+            kernels.launch(self._warp_kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                            (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                             i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                             u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc, self.part_s,

@@ -90,7 +90,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G:
-        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}>"
+        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, false>"
+        names["tile_warp_staged"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, true>"
     return names
 
 
@@ -158,9 +159,12 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
     return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
 
-# pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles)
-TILE_KERNELS = ("auto", "block", "warp")
+# pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
+# gathers 4 rows at a time in registers ("warp") or through shared memory ("warp_staged")
+TILE_KERNELS = ("auto", "block", "warp", "warp_staged")
 WARP_TILE_MAX_G = 8
+STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
+GATHER_STAGE_BYTES = 4096    # SC_GATHER_STAGE_BYTES (santa_tile.cu): staged V rows per warp
 
 
 def warp_tile_supported(sampler, group) -> bool:
@@ -169,20 +173,32 @@ def warp_tile_supported(sampler, group) -> bool:
     return sampler == "systematic" and group <= WARP_TILE_MAX_G
 
 
-def resolve_tile_kernel(choice, sampler, group) -> str:
-    """"auto" -> "warp" where it applies, else "block"; an explicit "warp" must apply."""
+def expected_rows_per_tile(group, samples, block_n, max_length) -> float:
+    """Selected rows of a tile at a uniform-ish distribution: G heads x S samples spread over
+    max_length / BN tiles (an upper bound of the distinct rows; peaked distributions select fewer)."""
+    return min(block_n, group * samples * block_n / max(max_length, 1))
+
+
+def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0) -> str:
+    """"auto" -> "warp_staged" where santa_tile_warp applies and a tile is expected to select
+    >= STAGED_MIN_ROWS rows, "warp" where it applies otherwise, else "block"; an explicit warp
+    choice must apply."""
     ok = warp_tile_supported(sampler, group)
     if choice == "auto":
-        return "warp" if ok else "block"
-    if choice == "warp" and not ok:
-        raise ValueError(f"tile_kernel='warp' needs sampler='systematic' and heads // kv_heads <= {WARP_TILE_MAX_G}, "
-                         f"got sampler={sampler!r}, group={group}")
+        if not ok:
+            return "block"
+        return "warp_staged" if rows_per_tile >= STAGED_MIN_ROWS else "warp"
+    if choice in ("warp", "warp_staged") and not ok:
+        raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic' and heads // kv_heads <= "
+                         f"{WARP_TILE_MAX_G}, got sampler={sampler!r}, group={group}")
     return choice
 
 
-def tile_warp_smem_bytes(block_n, group, head_dim) -> int:
-    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32."""
-    return 4 * (THREADS // 32) * (group * block_n + block_n + group * head_dim)
+def tile_warp_smem_bytes(block_n, group, head_dim, staged=False) -> int:
+    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32 (+ the staged
+    gather's GATHER_STAGE_BYTES)."""
+    per_warp = 4 * (group * block_n + block_n + group * head_dim) + (GATHER_STAGE_BYTES if staged else 0)
+    return (THREADS // 32) * per_warp
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
@@ -204,6 +220,7 @@ class KernelSet:
     score_mma: object = None
     tile: object = None
     tile_warp: object = None
+    tile_warp_staged: object = None
     prefix: object = None
 
 

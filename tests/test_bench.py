@@ -69,9 +69,9 @@ def test_method_lists():
     assert quick == ours + ["torch-flash", "torch-cudnn"]
     assert bench.parse_method("santa-global-iid-64-async").backend == "async"
     assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
-    for gone in ("warp", "warpsmem"):                    # the warp pass 2 is the default now
-        with pytest.raises(click.BadParameter):
-            bench.parse_method(f"santa-fixed-systematic-2048-{gone}")
+    assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    with pytest.raises(click.BadParameter):                # warp_smem became the only warp pass 2
+        bench.parse_method("santa-fixed-systematic-2048-warpsmem")
     assert bench.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"
     assert bench.parse_method("dense-async") == Method("dense", backend="async")
     assert bench.parse_method("dense-mma") == Method("dense", backend="mma")

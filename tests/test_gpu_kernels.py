@@ -134,7 +134,8 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
     ("global", "iid", "float32", "auto", None), ("fixed", "systematic", "float32", "auto", None),
     ("fixed", "iid", "float32", "auto", None),
     ("global", "systematic", "float16", "auto", 2),            # v4: tensor-core scores, warp pass 2, runs
-    ("fixed", "systematic", "float16", "auto", 1), ("fixed", "systematic", "float16", "auto", 2),   # two-pass fixed
+    ("global", "systematic", "float16", "warp", 2),            # (auto stages the gather here: 13.6 rows/tile)
+    ("fixed", "systematic", "float16", "auto", 1), ("fixed", "systematic", "float16", "warp", 2),   # two-pass fixed
     ("fixed", "systematic", "float32", "block", None)])                                             # one fused pass
 def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, tpw):
     """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate."""
@@ -158,10 +159,11 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
     assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
 
 
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged"])
 @pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 1), (3, 64, "float16", 128, 2),
                                                    (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1),
                                                    (5, 256, "float32", 64, 2)])
-def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw):
+def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw, warp_kernel):
     """The fixed budget through the stash (score pass, prefix, santa_tile_warp with pre-weighted
     run sums, merge kind weighted) against its one fused block kernel: the same comb counts except
     for boundary flips (the score pass sums in another order: tensor cores, or the v2 FMA kernel
@@ -173,14 +175,14 @@ def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw):
     q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
     args = to_gpu(q, k, v, lens)
     res = {}
-    for kernel in ("block", "warp"):
+    for kernel in ("block", warp_kernel):
         plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
                               samples=96, budget="fixed", seed=17, step=4, block_n=block_n, tile_kernel=kernel,
-                              tiles_per_warp=tpw if kernel == "warp" else None)
+                              tiles_per_warp=None if kernel == "block" else tpw)
         o = _as_float(plan.run(*args, layer=2))
         assert np.isfinite(o).all(), "output not fully written"
         res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
-    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res["warp"]
+    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res[warp_kernel]
     flips = int(np.abs(rw.astype(np.int64) - rb).sum())
     assert flips <= max(2, int(rb.sum()) // 200), f"rows read differ by {flips} of {int(rb.sum())}"
     per_row = np.linalg.norm(ow - ob, axis=-1) / np.maximum(np.linalg.norm(ob, axis=-1), 1e-6)   # [B, H]
@@ -272,8 +274,10 @@ def test_standalone_sample_then_gather_equals_fused(budget):
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
                                                (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
                                                (5, 64, "float16", 64)])
-def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
-    """Pass 2 with one warp per run of tiles (run sums in shared memory): the same
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged"])
+def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel):
+    """Pass 2 with one warp per run of tiles (rows gathered 4 at a time in registers, or staged
+    through shared memory kRows at a time; 96 samples select up to ~60 rows a tile here): the same
     counts as the block kernel (rows_read and the spread agree), the output up to float32
     summation order."""
     rng = np.random.default_rng(G * D + block_n)
@@ -282,14 +286,14 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n):
     q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
     args = to_gpu(q, k, v, lens)
     res = {}
-    for kernel in ("block", "warp"):
+    for kernel in ("block", warp_kernel):
         plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
                               samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
                               tiles_per_warp=None if kernel == "block" else 3)   # runs cut short at 10 tiles
         o = _as_float(plan.run(*args, layer=2))
         assert np.isfinite(o).all(), "output not fully written"
         res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
-    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res["warp"]
+    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res[warp_kernel]
     assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
     assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
     # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the

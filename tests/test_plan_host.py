@@ -234,11 +234,18 @@ def test_resident_blocks_arithmetic():
 def test_tile_kernel_choice(launches):
     from santa_cupy import DecodePlan
 
-    kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=300)
-    assert DecodePlan(heads=8, **kw).tile_kernel == "warp"
+    kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=30000)
+    assert DecodePlan(heads=8, **kw).tile_kernel == "warp"                  # 4.4 expected rows per tile
     assert DecodePlan(heads=8, sampler="iid", **kw).tile_kernel == "block"
     fixed = DecodePlan(heads=8, budget="fixed", **kw)                        # two-pass through the stash
     assert (fixed.tile_kernel, fixed.two_pass) == ("warp", True)
+    # staged gather where a tile is expected to select >= 8 rows: G * S * BN / L_max = 4 * S * 128 / 30000
+    assert DecodePlan(heads=8, samples=468, **kw).tile_kernel == "warp"         # 7.99 rows
+    assert DecodePlan(heads=8, samples=469, **kw).tile_kernel == "warp_staged"  # 8.004 rows
+    assert DecodePlan(heads=8, samples=469, tile_kernel="warp", **kw).tile_kernel == "warp"
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, **kw).tile_kernel == "warp_staged"
+    with pytest.raises(ValueError, match="tile_kernel='warp_staged' needs"):
+        DecodePlan(heads=8, sampler="iid", tile_kernel="warp_staged", **kw)
     fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
     assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
     assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
@@ -281,7 +288,9 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     assert int(args[params["santa_merge"].index("o_stride")]) == 3
     assert int(args[params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
-    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128)] == [4 * 4 * (4 * 128 + 128 + 4 * 128)]
+    assert plan.tile_kernel == "warp_staged"                   # 4 * 256 * 128 / 3000 = 44 rows per tile
+    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
+    assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
     auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
     block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
