@@ -19,7 +19,7 @@
 #define SC_MERGE_WEIGHTED 3
 
 #define SC_MERGE_THREADS 512
-#define SC_MERGE_UNROLL 4        // parts in flight per warp
+#define SC_MERGE_UNROLL 8        // parts in flight per warp
 
 // Online (max, sum) pair: the log-sum-exp of parts seen so far is m + log z.
 __device__ __forceinline__ void lse_push(float& m, float& z, float m_p, float z_p) {

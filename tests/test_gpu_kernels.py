@@ -264,7 +264,7 @@ def test_standalone_sample_then_gather_equals_fused(budget):
     if budget != "fixed":               # the warp pass 2 (default): same counts, other summation order
         warp = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
                           samples=64, budget=budget, seed=3, block_n=64)
-        assert warp.tile_kernel == "warp"
+        assert warp.tile_kernel in ("warp", "warp_staged")
         got = _as_float(warp.run(qg, kg, vg, lg))
         assert rel_l2(got, _as_float(staged)) < 4e-3
         assert np.array_equal(warp.rows_read.get(), plan.rows_read.get())

@@ -24,7 +24,8 @@ if [ -f /tmp/carry/smol.part.aa ] && [ -f .carry2/smol.part.ab ]; then
 fi
 python3 tools/warm_kernel_cache.py 2>&1 | tail -2
 if [ -n "${SMOKE:-}" ]; then
-  timeout 90 python3 -m pytest -m gpu -q -x tests/test_gpu_kernels.py -k "$SMOKE" 2>&1 | tail -3
+  timeout 90 python3 -m pytest -m gpu -q -x tests/test_gpu_kernels.py -k "$SMOKE" > "$OUT/smoke.log" 2>&1
+  echo "smoke ($SMOKE): $(tail -1 "$OUT/smoke.log")"
 fi
 python3 -m pytest -m gpu -q -rs -x --timeout=${TEST_TIMEOUT:-300} --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 if [ -z "${SKIP_SANITIZER:-}" ]; then
