@@ -19,7 +19,6 @@
 #define SC_MERGE_WEIGHTED 3
 
 #define SC_MERGE_THREADS 512
-#define SC_MERGE_UNROLL 8        // parts in flight per warp
 
 // Online (max, sum) pair: the log-sum-exp of parts seen so far is m + log z.
 __device__ __forceinline__ void lse_push(float& m, float& z, float m_p, float z_p) {
@@ -72,17 +71,17 @@ __device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
 }
 
 // grid (H, B), block SC_MERGE_THREADS (16 warps). Pass 1: one read of part_s gives m* and Z
-// (online log-sum-exp). Pass 2: warp w merges partials w, w + 16, ..., SC_MERGE_UNROLL of them in
-// flight, its lanes over D (D/32 consecutive floats each, vector loads); the warps are summed
-// through shared memory. The latency chain is two global round trips plus the output write.
-template <typename T, int D>
+// (online log-sum-exp). Pass 2: warp w merges partials w, w + 16, ..., U of them in flight, its
+// lanes over D (D/32 consecutive floats each, vector loads); the warps are summed through shared
+// memory. U = 8 where the grid is at most one wave (B = 1: latency-bound, fewer round trips), 4
+// otherwise (64 instead of 104 registers at D 128, so two blocks fit an SM).
+template <typename T, int D, int U>
 __global__ void __launch_bounds__(SC_MERGE_THREADS)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
             i64 L_max, int H, int part_rows, int P_max, int o_stride, int kind, int samples, T* __restrict__ out,
             float* __restrict__ lse, float* __restrict__ spread) {
     constexpr int kWarps = SC_MERGE_THREADS / 32;
     constexpr int kPerLane = D / 32;
-    constexpr int U = SC_MERGE_UNROLL;
     __shared__ float red_m[kWarps], red_z[kWarps];
     __shared__ __align__(16) float o_w[kWarps][D];
     __shared__ float var_w[kWarps], m2_w[kWarps];

@@ -1,9 +1,10 @@
 // santa_tile.cu — S2ANTA per-tile sample and gather-add (pass 2), and the fused fixed budget.
 //
 // grid (T_max, KVH, B), block SC_NTHREADS; one block = one tile of BN rows of one KV group.
-// Scores come from the stash of santa_score.cu (budgets global and largest_remainder) or, for
-// budget fixed with the block kernel, are computed here from K (one fused pass; the v4 warp pass 2
-// below takes the fixed budget through the stash like the others). mode:
+// Scores come from the stash of santa_score.cu (own_scores 0: budgets global and largest_remainder,
+// and the fixed budget of a plan whose fused run takes the warp pass 2 below, so that its
+// standalone stages see the same scores) or, own_scores 1 (budget fixed only), are computed here
+// from K (one fused pass). mode:
 //   0 fused: sample, gather-add (tiles without samples return early and write nothing), write part_o[b,h,t,:] = sum c V and part_s[b,h,t] =
 //            (m_t, l_t, sum c ||V||^2, ||sum c V||^2); rows_read[b,g] += distinct rows read
 //   1 sample only: write counts[b, h, j] for the tile's rows
@@ -32,7 +33,7 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
            const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
-           int budget, int sampler, int samples, int mode, u64 seed, const i64* __restrict__ step,
+           int budget, int sampler, int samples, int mode, int own_scores, u64 seed, const i64* __restrict__ step,
            int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
            const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
            int* __restrict__ counts, int* __restrict__ rows_read) {
@@ -58,8 +59,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     float* l = m + G;
     HeadDraw* draws = reinterpret_cast<HeadDraw*>(align16(reinterpret_cast<unsigned char*>(l + G)));
 
-    // ---- tile stats (and, for budget fixed, the scores, into cum) ----
-    if (budget == SC_BUDGET_FIXED) {             // fused: score the tile here
+    // ---- tile stats (and, own_scores, the scores, into cum) ----
+    if (own_scores) {                            // fused (budget fixed, one pass): score the tile here
         GroupQuery<T, D, G> gq;
         gq.load(q, b, g, H, scale);
         stream_tile_scores<T, D, G, BN>(cum, gq, k_cache, b, row0, nrows, g, L_max, KVH);
@@ -96,7 +97,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
             const int h = idx / BN, j = idx % BN;
             float sc = 0.f;
             if (j < nrows)
-                sc = budget == SC_BUDGET_FIXED ? cum[idx] : scores[(head0 + h) * L_max + row0 + j];
+                sc = own_scores ? cum[idx] : scores[(head0 + h) * L_max + row0 + j];
             cum[idx] = j < nrows ? __expf(sc - m[h]) : 0.f;
             cnt[idx] = 0;
         }

@@ -149,6 +149,10 @@ class DecodePlan:
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
         self._dense_fn = {"stream": self.kernels.dense, "async": self.kernels.dense_async,
                           "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
+        # the merge: 8 partials in flight per warp where its (H, B) grid is at most one wave of SMs
+        # (latency-bound), else 4 (fewer registers, two blocks per SM)
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self._merge_fn = self.kernels.merge_wide if heads * batch <= sms else self.kernels.merge
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)
         if tiles_per_warp is not None and (isinstance(tiles_per_warp, bool) or not isinstance(tiles_per_warp, int)
@@ -316,7 +320,7 @@ class DecodePlan:
         self._last_lengths = lengths
         out = self._output(out)
         self.rows_read.fill(0)
-        if self.budget != "fixed":
+        if self.two_pass:
             self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts)
         self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
@@ -355,7 +359,7 @@ class DecodePlan:
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
                         i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
-                        i32(kernels.MODE_CODE[mode]), u64(self.seed), self.step, i32(layer), self.scores,
+                        i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer), self.scores,
                         self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read),
                        kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 
@@ -366,7 +370,7 @@ class DecodePlan:
     def _merge(self, lengths, out, kind, part_rows, o_stride=1):
         """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles)."""
         i32 = kernels.i32
-        kernels.launch(self.kernels.merge, (self.H, self.B),
+        kernels.launch(self._merge_fn, (self.H, self.B),
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
                         i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread),
                        threads=kernels.MERGE_THREADS)
@@ -404,7 +408,7 @@ class DecodePlan:
         q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths)
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
-        if self.budget != "fixed":
+        if self.two_pass:                  # the stash the fused run samples from
             self._score_and_prefix(q, k_cache, lengths)
         self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts)
         return counts

@@ -77,7 +77,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     what it launches.
     """
     t, d, g = STORAGE_TYPE[dtype_name], head_dim, group
-    names = {"merge": f"santa_merge<{t}, {d}>", "advance": "santa_advance_step"}
+    names = {"merge": f"santa_merge<{t}, {d}, 4>", "merge_wide": f"santa_merge<{t}, {d}, 8>",
+             "advance": "santa_advance_step"}
     if role == "dense":
         names["dense"] = f"decode_dense_partial<{t}, {d}, {g}>"
         names["dense_async"] = f"decode_dense_async<{t}, {d}, {g}>"
@@ -211,6 +212,7 @@ def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
 class KernelSet:
     """The kernels of one configuration (those of the other method are None)."""
     merge: object
+    merge_wide: object
     advance: object
     dense: object = None
     dense_async: object = None

@@ -192,6 +192,25 @@ def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw, warp_kernel):
     assert np.allclose(lw, lb, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("method,budget", [("dense", "global"), ("santa", "global"), ("santa", "fixed")])
+def test_merge_unrolls_agree(method, budget):
+    """santa_merge with 4 and with 8 partials in flight per warp (the plan picks by grid size):
+    the same output to float32 summation order, the same lse and spread."""
+    rng = np.random.default_rng(8)
+    q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, 3000, [3000, 1, 1500], "bfloat16")
+    args = to_gpu(q, k, v, lens)
+    plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
+                      method=method, budget=budget, samples=256, seed=2)
+    res = []
+    for fn in (plan.kernels.merge_wide, plan.kernels.merge):
+        plan._merge_fn = fn
+        o = _as_float(plan.run(*args))
+        res.append((o, plan.lse.get(), plan.spread.get()))
+    (o8, l8, s8), (o4, l4, s4) = res
+    assert rel_l2(o4, o8) < 2e-3                # bf16 outputs: order-of-summation flips of 1 ulp only
+    assert np.allclose(l4, l8, rtol=1e-6, atol=1e-5) and np.allclose(s4, s8, rtol=1e-3, atol=1e-6)
+
+
 def test_graph_replay_draws_new_samples():
     import cupy
     rng = np.random.default_rng(3)
