@@ -2,7 +2,7 @@
 # One device call for a performance iteration: GPU tests (-k filter optional), memcheck, the kernel
 # bench grid for llama8b, bench stages and e2e. Results: $OUT/perf.tgz plus the printed tables.
 #   SANTA_CUPY_COMMIT=<hash> bash tools/perf_run.sh ["pytest -k expr"]
-# Settings (environment): METHODS, BATCHES, CONTEXTS, BENCH_TIMEOUT, SKIP_E2E, and gpu_check.sh's
+# Settings (environment): METHODS, SHAPES, BATCHES, CONTEXTS, BENCH_TIMEOUT, SKIP_E2E, and gpu_check.sh's
 # SMOKE / TEST_TIMEOUT / SKIP_SANITIZER. After a kernel change on a short budget, e.g.
 #   SMOKE=warp_tile TEST_TIMEOUT=60 BATCHES=1,16 bash tools/perf_run.sh
 set -u
@@ -10,7 +10,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT" /tmp/perf
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 SKIP_BENCH=1 bash tools/gpu_check.sh "${1:-}" 2>&1 | tail -12
 M=${METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-staged,santa-fixed-systematic-2048,santa-fixed-systematic-2048-warp,santa-fixed-systematic-2048-block,torch-cudnn}
-timeout ${BENCH_TIMEOUT:-240} python3 bench.py kernels --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
+timeout ${BENCH_TIMEOUT:-240} python3 bench.py kernels --shape ${SHAPES:-llama8b} --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
   --methods "$M" --json /tmp/perf/bench.json --markdown /tmp/perf/bench.md 2>/tmp/perf/bench.err | tail -40
 tail -2 /tmp/perf/bench.err
 SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,santa-fixed-systematic-2048-warp}
