@@ -138,11 +138,13 @@ class DecodePlan:
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
         # run of tiles: systematic sampler, G <= 8, every budget; rows gathered 4 at a time) |
         # "warp_staged" (the same, rows staged through shared memory); "auto": a warp kernel where
-        # it applies, staged where a tile is expected to select many rows
+        # it applies (not for the fixed budget on a small cache), staged where a tile is expected
+        # to select many rows
         self.block_n = block_n or spec.default_block_n(method, head_dim)
         spec.check_block_n(self.block_n)
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
-        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows)
+        kv_bytes = 2 * batch * max_length * kv_heads * head_dim * np.dtype(STORAGE_DTYPE[dtype]).itemsize
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)

@@ -165,6 +165,9 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
 TILE_KERNELS = ("auto", "block", "warp", "warp_staged")
 WARP_TILE_MAX_G = 8
 STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
+# "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
+# H200 (BENCHMARKS.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
+FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 GATHER_STAGE_BYTES = 4096    # SC_GATHER_STAGE_BYTES (santa_tile.cu): staged V rows per warp
 
 
@@ -180,13 +183,14 @@ def expected_rows_per_tile(group, samples, block_n, max_length) -> float:
     return min(block_n, group * samples * block_n / max(max_length, 1))
 
 
-def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0) -> str:
-    """"auto" -> "warp_staged" where santa_tile_warp applies and a tile is expected to select
-    >= STAGED_MIN_ROWS rows, "warp" where it applies otherwise, else "block"; an explicit warp
-    choice must apply."""
+def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="global", kv_bytes=0) -> str:
+    """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
+    cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else
+    "warp_staged" where a tile is expected to select >= STAGED_MIN_ROWS rows, "warp" otherwise.
+    An explicit warp choice must apply."""
     ok = warp_tile_supported(sampler, group)
     if choice == "auto":
-        if not ok:
+        if not ok or (budget == "fixed" and kv_bytes <= FUSED_FIXED_MAX_KV_BYTES):
             return "block"
         return "warp_staged" if rows_per_tile >= STAGED_MIN_ROWS else "warp"
     if choice in ("warp", "warp_staged") and not ok:

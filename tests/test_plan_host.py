@@ -96,8 +96,7 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
-         ("santa", "fixed", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
-         ("santa", "fixed", "block", ["santa_tile", "santa_merge"]),
+         ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),      # a small cache: the fused pass
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
 
@@ -237,19 +236,24 @@ def test_tile_kernel_choice(launches):
     kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=30000)
     assert DecodePlan(heads=8, **kw).tile_kernel == "warp"                  # 4.4 expected rows per tile
     assert DecodePlan(heads=8, sampler="iid", **kw).tile_kernel == "block"
-    fixed = DecodePlan(heads=8, budget="fixed", **kw)                        # two-pass through the stash
+    # the fixed budget: two-pass through the stash above 64 MB of K + V, one fused pass below
+    big = dict(kw, batch=3)                                                  # 3 * 30000 * 2 * 128 * 2 * 2 = 92 MB
+    fixed = DecodePlan(heads=8, budget="fixed", **big)
     assert (fixed.tile_kernel, fixed.two_pass) == ("warp", True)
+    small = DecodePlan(heads=8, budget="fixed", **kw)                        # 61 MB
+    assert (small.tile_kernel, small.two_pass) == ("block", False)
+    assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).two_pass
     # staged gather where a tile is expected to select >= 8 rows: G * S * BN / L_max = 4 * S * 128 / 30000
     assert DecodePlan(heads=8, samples=468, **kw).tile_kernel == "warp"         # 7.99 rows
     assert DecodePlan(heads=8, samples=469, **kw).tile_kernel == "warp_staged"  # 8.004 rows
     assert DecodePlan(heads=8, samples=469, tile_kernel="warp", **kw).tile_kernel == "warp"
-    assert DecodePlan(heads=8, budget="fixed", samples=2048, **kw).tile_kernel == "warp_staged"
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_staged"
     with pytest.raises(ValueError, match="tile_kernel='warp_staged' needs"):
         DecodePlan(heads=8, sampler="iid", tile_kernel="warp_staged", **kw)
     fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
     assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
     assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
-    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **kw).tile_kernel == "warp"   # any dtype
+    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **big).tile_kernel == "warp"  # any dtype
     assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
@@ -308,7 +312,7 @@ def test_fixed_warp_launch(launches):
 
     q, k, v, lengths = _inputs(L=3000)
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
-                      tiles_per_warp=5)
+                      tile_kernel="warp", tiles_per_warp=5)
     assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
