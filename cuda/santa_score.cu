@@ -148,10 +148,11 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // while step k computes, step k + 1 is loading, the first step of the next tile included, so
 // the K stream does not stop at tile boundaries. Holding no scores keeps the registers at
 // real step in flight: 136 at BN 128, D 128, G 4 (holding the tile's scores for a two-pass max/sum
-// took 162). __launch_bounds__(.., 4) caps it at 128 for a 4th block per SM (B = 1: every warp of
-// the grid resident at once): 20-40 bytes of spills, outside the key loop (BENCHMARKS.md, step 8).
+// took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
+// bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
+// faster (BENCHMARKS.md, step 8).
 template <typename T, int D, int BN, int G>
-__global__ void __launch_bounds__(SC_NTHREADS, 4)
+__global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
                 float4* __restrict__ part_s) {
