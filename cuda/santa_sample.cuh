@@ -26,15 +26,16 @@ struct HeadDraw {
     int k_end;        // one past the last candidate
 };
 
-// Thread h < G fills draws[h] for tile t (n_tiles tiles in this sequence).
-__device__ __forceinline__ void setup_head_draw(HeadDraw* d, int budget, int sampler, int samples,
-                                                u64 key, int t, int n_tiles, float l_t,
-                                                const double* cdf_head, const int* alloc_head) {
+// Thread h < G fills draws[h] for tile t (n_tiles tiles in this sequence) from the tile's inputs:
+// its exp-sum l_t, the prefix's C_{t-1} and C_t (budget global) and its allocation (largest
+// remainder); the values, so that a caller may load them ahead (santa_tile_warp).
+__device__ __forceinline__ void setup_head_draw_from(HeadDraw* d, int budget, int sampler, int samples,
+                                                     u64 key, int t, int n_tiles, float l_t, double cp,
+                                                     double cc, int alloc_t) {
     d->key = key; d->l = l_t; d->off = 0.f; d->a = 0.f; d->n = 0; d->k_begin = 0; d->k_end = 0;
     d->c_prev = 0.0; d->c_cur = 0.0;
     if (budget == SC_BUDGET_GLOBAL) {
         const double S = (double)samples;
-        const double cp = t ? cdf_head[t - 1] : 0.0, cc = cdf_head[t];
         d->c_prev = cp; d->c_cur = cc;
         if (sampler == SC_SAMPLER_SYSTEMATIC) {
             const double U = (double)uniform01(key, SC_GLOBAL_TILE, 0);
@@ -49,7 +50,7 @@ __device__ __forceinline__ void setup_head_draw(HeadDraw* d, int budget, int sam
             d->k_begin = 0; d->k_end = samples;
         }
     } else {
-        const int s_t = budget == SC_BUDGET_FIXED ? max(1, samples / n_tiles) : alloc_head[t];
+        const int s_t = budget == SC_BUDGET_FIXED ? max(1, samples / n_tiles) : alloc_t;
         d->n = s_t;
         if (sampler == SC_SAMPLER_SYSTEMATIC) {
             d->off = uniform01(key, (u64)t, 0);
@@ -58,6 +59,18 @@ __device__ __forceinline__ void setup_head_draw(HeadDraw* d, int budget, int sam
             d->k_begin = 0; d->k_end = s_t;
         }
     }
+}
+
+// The same, loading what the budget needs from the head's cdf / alloc rows.
+__device__ __forceinline__ void setup_head_draw(HeadDraw* d, int budget, int sampler, int samples,
+                                                u64 key, int t, int n_tiles, float l_t,
+                                                const double* cdf_head, const int* alloc_head) {
+    if (budget == SC_BUDGET_GLOBAL)
+        setup_head_draw_from(d, budget, sampler, samples, key, t, n_tiles, l_t, t ? cdf_head[t - 1] : 0.0,
+                             cdf_head[t], 0);
+    else
+        setup_head_draw_from(d, budget, sampler, samples, key, t, n_tiles, l_t, 0.0, 0.0,
+                             budget == SC_BUDGET_LR ? alloc_head[t] : 0);
 }
 
 // Number of systematic comb points below cumulative value `cum` (the closed form).

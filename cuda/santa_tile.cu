@@ -373,19 +373,37 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
 #pragma unroll
         for (int e = 0; e < E; ++e) sums[h * D + e] = 0.f;
     }
+    // Lane h < G: head h's inputs of a tile (pass 1's (m, l), the prefix's C_{t-1}, C_t, the
+    // allocation), loaded one tile ahead: they decide the tile's comb, so fetching them while the
+    // previous tile gathers takes a round trip off each tile's dependent chain.
+    // C_{t-1} is the previous tile's C_t, so only C_t travels ahead.
+    const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
+    float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
+    double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf[head_row + t0 - 1] : 0.0;
+    int alloc_ahead = 0;
+    auto fetch = [&](int t) {
+        if (lane < G && t < t_end) {
+            st_ahead = *reinterpret_cast<const float2*>(part_s + head_row + t);
+            cc_ahead = cdf[head_row + t];
+            if (budget == SC_BUDGET_LR) alloc_ahead = alloc[head_row + t];
+        }
+    };
+    fetch(t0);
     int rows_total = 0;                      // distinct (tile, row) pairs read
     for (int t = t0; t < t_end; ++t) {
         const i64 row0 = (i64)t * BN;
         const int nrows = (int)min((i64)BN, n - row0);
+        const float2 st = st_ahead;
+        const double cp = c_before, cc = cc_ahead;
+        const int alloc_t = alloc_ahead;
+        c_before = cc;
+        fetch(t + 1);
         HeadDraw my;                         // lane h < G: head h's pass-1 stats and comb points
         float my_m = 0.f, my_w = 1.f;        // my_w: the tile's weight (fixed: (W_t / Z) / S_t)
         if (lane < G) {
-            const float4 st = part_s[(head0 + lane) * T_max + t];
-            const double* c = cdf + (head0 + lane) * T_max;
             my_m = st.x;
-            setup_head_draw(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, c,
-                            alloc + (head0 + lane) * T_max);
-            if (fixed) my_w = (float)(c[t] - (t ? c[t - 1] : 0.0)) * inv_s_t;
+            setup_head_draw_from(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, cp, cc, alloc_t);
+            if (fixed) my_w = (float)(cc - cp) * inv_s_t;
         } else {
             my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
         }
