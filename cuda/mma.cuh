@@ -8,6 +8,7 @@
 //   B (16 x 8, "col"):       b[0] = B[2t, 2t+1][gi]     b[1] = B[2t+8, 2t+9][gi]
 //   C, D (16 x 8, f32):      c[0], c[1] = C[gi][2t, 2t+1]    c[2], c[3] = C[gi+8][2t, 2t+1]
 #pragma once
+#include "async_copy.cuh"
 
 // d = a * b + d for T = f16_t or bf16_t operands, f32 accumulators: one specialisation per type,
 // stamped from one body (PTX_TYPE = the operand type's PTX name).
@@ -116,7 +117,7 @@ struct OnlineStats {
     }
 };
 
-// ---- Q K^T over a run of consecutive tiles (santa_score_mma, santa_fixed_warp) ---------------
+// ---- Q K^T over a run of consecutive tiles (santa_score_mma) -----------------------------------
 // The K slices of the next 16-key step are in flight while a step computes: two register buffers
 // and a step counter that runs across the run's tiles, so the first step of tile t + 1 loads
 // while the last step of tile t computes and the K stream does not stop at tile boundaries.
@@ -158,6 +159,87 @@ struct KeyRun {
             for (int j = 0; j < 2; ++j) {
                 float s[4];
                 mq.scores(s, kbuf[cur][j]);
+                f(st, j, s);
+            }
+        }
+    }
+};
+
+// ---- the same K stream with the steps in flight in shared memory (santa_score_mma, kRing) --------
+// KeyRun holds the one step in flight in registers (a second buffer of D/4 words a thread). KeyRing
+// keeps kDepth - 1 steps in flight instead, in a per-warp ring of kDepth steps filled by cp.async,
+// so a warp has kDepth - 1 times the bytes in flight for fewer registers. Each thread copies, and
+// later reads back, only its own slices, so its cp.async group waits are all the synchronisation.
+// The look-ahead stays within the next tile (kDepth - 1 <= BN / 16 steps). Ring layout per warp:
+// [kDepth][2 n-tiles][D / 32 quads][32 lanes] 16-byte quads, so consecutive lanes touch
+// consecutive 16 bytes (no bank conflicts): kDepth x 16 keys x D x 2 bytes (4 KB a step at D 128).
+//   KeyRing<T, D, BN, kDepth> kr;  kr.start(ring, ...first tile...);  then as KeyRun::score_tile.
+template <typename T, int D, int BN, int kDepth>
+struct KeyRing {
+    static constexpr int KW = D / 8, KQ = KW / 4, NSTEP = BN / 16;   // words, quads of a slice; steps a tile
+    static_assert(kDepth >= 2 && kDepth - 1 <= NSTEP, "the look-ahead stays within the next tile");
+    uint4* ring;                                        // this thread's quad 0 of slot 0, n-tile 0
+
+    static constexpr int kBytesPerWarp = kDepth * 2 * KQ * 32 * 16;
+
+    __device__ __forceinline__ uint4* quad(int step, int j, int qd) const {
+        return ring + (((step % kDepth) * 2 + j) * KQ + qd) * 32;
+    }
+
+    // Issue step `k`'s copies, keys key0 + 8 j + gi (j = 0, 1) of [.., key_end) (zeros past it,
+    // row `fallback` only forms the address), as one commit group.
+    __device__ __forceinline__ void issue(int k, const T* k_cache, i64 b, i64 key0, i64 key_end, i64 fallback, int g,
+                                          i64 L_max, int KVH, int gi, int tq) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const i64 key = key0 + 8 * j + gi;
+            const bool ok = key < key_end;
+            const uint4* src = reinterpret_cast<const uint4*>(
+                cache_row<T, D>(k_cache, b, ok ? key : fallback, g, L_max, KVH) + tq * (D / 4));
+#pragma unroll
+            for (int qd = 0; qd < KQ; ++qd) cp_async16(quad(k, j, qd), src + qd, ok);
+        }
+        cp_async_commit();
+    }
+
+    // warp_ring: this warp's kBytesPerWarp of shared memory. Steps 0 .. kDepth - 2 of the run's
+    // first tile (rows [row0, row_end)).
+    __device__ __forceinline__ void start(void* warp_ring, const T* k_cache, i64 b, i64 row0, i64 row_end, int g,
+                                          i64 L_max, int KVH, int gi, int tq) {
+        ring = reinterpret_cast<uint4*>(warp_ring) + (threadIdx.x & 31);
+#pragma unroll
+        for (int k = 0; k < kDepth - 1; ++k) issue(k, k_cache, b, row0 + 16 * k, row_end, row0, g, L_max, KVH, gi, tq);
+    }
+
+    // As KeyRun::score_tile: step k = index * NSTEP + st issues step k + kDepth - 1 (this tile's or
+    // the next's; an empty commit group past the run keeps the group count), waits for step k's
+    // group and computes from the ring.
+    template <int G, typename F>
+    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const T* k_cache, i64 b,
+                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, i64 L_max,
+                                               int KVH, int gi, int tq, F&& f) {
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = index * NSTEP + st;
+            const int ahead = st + kDepth - 1;              // of this tile, or of the next from NSTEP on
+            if (ahead < NSTEP)
+                issue(k + kDepth - 1, k_cache, b, row0 + 16 * ahead, row_end, row0, g, L_max, KVH, gi, tq);
+            else if (next_end > next0)
+                issue(k + kDepth - 1, k_cache, b, next0 + 16 * (ahead - NSTEP), next_end, next0, g, L_max, KVH, gi,
+                      tq);
+            else
+                cp_async_commit();
+            cp_async_wait<kDepth - 1>();                    // step k's group has landed
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                u32 w[KW];
+#pragma unroll
+                for (int qd = 0; qd < KQ; ++qd) {
+                    const uint4 x = *quad(k, j, qd);
+                    w[4 * qd] = x.x; w[4 * qd + 1] = x.y; w[4 * qd + 2] = x.z; w[4 * qd + 3] = x.w;
+                }
+                float s[4];
+                mq.scores(s, w);
                 f(st, j, s);
             }
         }

@@ -151,7 +151,16 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (BENCHMARKS.md, step 8).
-template <typename T, int D, int BN, int G>
+// kRing: the K stream of KeyRing (SC_KEY_RING steps a warp in shared memory, SC_KEY_RING - 1 in
+// flight) instead of KeyRun's register double buffer; dynamic shared memory 4 x
+// KeyRing::kBytesPerWarp (kernels.py: score_smem_bytes(..., "mma_ring")). Opt-in (score_kernel
+// "mma_ring") until measured.
+#define SC_KEY_RING 4
+
+template <bool kRing, typename T, int D, int BN> struct KeyStream { using type = KeyRun<T, D, BN>; };
+template <typename T, int D, int BN> struct KeyStream<true, T, D, BN> { using type = KeyRing<T, D, BN, SC_KEY_RING>; };
+
+template <typename T, int D, int BN, int G, bool kRing>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
@@ -177,8 +186,14 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
 
-    KeyRun<T, D, BN> kr;
-    kr.start(k_cache, b, (i64)t_begin * BN, min((i64)t_begin * BN + BN, (i64)n), g, L_max, KVH, gi, tq);
+    typename KeyStream<kRing, T, D, BN>::type kr;
+    const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
+    if constexpr (kRing) {
+        extern __shared__ __align__(16) unsigned char smem[];
+        kr.start(smem + warp * decltype(kr)::kBytesPerWarp, k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
+    } else {
+        kr.start(k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
+    }
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair

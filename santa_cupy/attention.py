@@ -132,7 +132,8 @@ class DecodePlan:
         # has an instance (fp16/bf16, D 64/128), else v2
         self.dense_kernel = kernels.resolve_kernel_choice("dense_kernel", dense_kernel, dtype, head_dim)
         spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
-        # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores); "auto" as for dense
+        # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores) | "mma_ring" (v4 with its K
+        # steps in flight in a shared-memory ring; opt-in until measured); "auto" as for dense
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
@@ -172,8 +173,8 @@ class DecodePlan:
         else:
             self.P_max = self.T_max
             self.score_tiles_per_split = self._score_splits()
-            if self.score_kernel == "mma" and two_pass:
-                self.score_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.score_mma, 0)
+            if self.score_kernel in ("mma", "mma_ring") and two_pass:
+                self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
         # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
@@ -199,6 +200,13 @@ class DecodePlan:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
         return max(1, math.ceil(self.T_max / want))
+
+    @property
+    def _score_warp_kernel(self):
+        """(kernel, dynamic shared memory) of the v4 score pass: KeyRun's registers or KeyRing's ring."""
+        ring = self.score_kernel == "mma_ring"
+        return ((self.kernels.score_mma_ring if ring else self.kernels.score_mma),
+                kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G, self.score_kernel))
 
     @property
     def _warp_kernel(self):
@@ -334,9 +342,10 @@ class DecodePlan:
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
-        elif self.score_kernel == "mma":             # one warp per run of score_tpw tiles
-            kernels.launch(self.kernels.score_mma, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s))
+        elif self.score_kernel in ("mma", "mma_ring"):   # one warp per run of score_tpw tiles
+            kernel, smem = self._score_warp_kernel
+            kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
+                           (*common, i32(self.score_tpw), self.scores, self.part_s), smem)
         else:
             tps = self.score_tiles_per_split
             kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),

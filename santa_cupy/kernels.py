@@ -89,7 +89,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", score_async=f"santa_score_async<{t}, {d}, {bn}, {g}>",
                  tile=f"santa_tile<{t}, {d}, {bn}, {g}>", prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
-        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
+        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, false>"
+        names["score_mma_ring"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, true>"
     if group <= WARP_TILE_MAX_G:
         names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, false>"
         names["tile_warp_staged"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, true>"
@@ -129,11 +130,11 @@ def mma_supported(dtype_name, head_dim) -> bool:
 
 def resolve_kernel_choice(what, choice, dtype_name, head_dim) -> str:
     """``what`` = "dense_kernel" | "score_kernel": "auto" -> "mma" where it exists, else "stream";
-    an explicit "mma" must exist."""
+    an explicit "mma" (or "mma_ring") must exist."""
     if choice == "auto":
         return "mma" if mma_supported(dtype_name, head_dim) else "stream"
-    if choice == "mma" and not mma_supported(dtype_name, head_dim):
-        raise ValueError(f"{what}='mma' needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
+    if choice in ("mma", "mma_ring") and not mma_supported(dtype_name, head_dim):
+        raise ValueError(f"{what}={choice!r} needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
                          f"got dtype={dtype_name!r}, head_dim={head_dim}")
     return choice
 
@@ -149,13 +150,19 @@ def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
     return combine if kernel == "stream" else max(combine, DENSE_STAGES * 2 * DENSE_STAGE_BYTES)
 
 
-SCORE_KERNELS = ("auto", "stream", "async", "mma")   # santa_score v2, _async v3, _mma v4
+# santa_score v2, _async v3, _mma v4; "mma_ring": v4 with its K steps in flight in a shared-memory
+# ring (opt-in until measured)
+SCORE_KERNELS = ("auto", "stream", "async", "mma", "mma_ring")
+KEY_RING_STEPS = 4          # SC_KEY_RING (santa_score.cu)
 
 
 def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> int:
-    """v2 uses static shared memory only; v3: the K ring + scores [G][BN] + m, l."""
-    if kernel == "stream":
+    """v2 and v4 use static shared memory only; v3: the K ring + scores [G][BN] + m, l; v4
+    "mma_ring": per warp KEY_RING_STEPS steps of 16 keys."""
+    if kernel in ("stream", "mma"):
         return 0
+    if kernel == "mma_ring":
+        return (THREADS // 32) * KEY_RING_STEPS * 16 * head_dim * ITEMSIZE[dtype_name]
     rows = min(block_n, 2 * DENSE_STAGE_BYTES // (head_dim * ITEMSIZE[dtype_name]))
     return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
 
@@ -224,6 +231,7 @@ class KernelSet:
     score: object = None
     score_async: object = None
     score_mma: object = None
+    score_mma_ring: object = None
     tile: object = None
     tile_warp: object = None
     tile_warp_staged: object = None

@@ -70,6 +70,9 @@ def test_method_lists():
     assert bench.parse_method("santa-global-iid-64-async").backend == "async"
     assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    assert bench.parse_method("santa-global-systematic-256-mma_ring").backend == "mma_ring"
+    with pytest.raises(click.BadParameter):                # the ring is a score pass of santa only
+        bench.parse_method("dense-mma_ring")
     with pytest.raises(click.BadParameter):                # warp_smem became the only warp pass 2
         bench.parse_method("santa-fixed-systematic-2048-warpsmem")
     assert bench.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"

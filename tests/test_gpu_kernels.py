@@ -387,6 +387,36 @@ def test_score_v3_equals_v2(budget, G, D, dtype, block_n):
     assert np.array_equal(outs[0][0], outs[1][0])
 
 
+@pytest.mark.parametrize("tpw", [None, 1, 3])
+@pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
+                                               (3, 64, "float16", 128), (12, 128, "float16", 64),
+                                               (8, 128, "bfloat16", 64)])
+def test_score_ring_matches_registers(G, D, dtype, block_n, tpw):
+    """score_kernel="mma_ring" (KeyRing: K steps in flight in a shared-memory ring) runs the same
+    tensor-core products in the same order as "mma" (KeyRun): the stash, the tile stats and the
+    output are bit for bit the same, over runs of 1 and 3 tiles cut short by the lengths."""
+    rng = np.random.default_rng(G * D + block_n + 5)
+    lengths = [1, 17, block_n - 1, block_n + 1, 7 * block_n + 5]
+    L_max = max(lengths) + 4
+    q, k, v, lens = random_inputs(rng, 5, 2 * G, 2, D, L_max, lengths, dtype)
+    args = to_gpu(q, k, v, lens)
+    outs = []
+    for kernel in ("mma", "mma_ring"):
+        plan = DecodePlan(batch=5, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                          samples=64, budget="global", block_n=block_n, score_kernel=kernel, tiles_per_warp=tpw,
+                          seed=9)
+        plan.scores.fill(np.nan)
+        o = plan.run(*args).get()
+        outs.append((o, plan.scores.get(), plan.part_s.get()))
+    (o0, s0, p0), (o1, s1, p1) = outs
+    for j, n in enumerate(lengths):
+        assert np.isfinite(s1[j, :, :n]).all(), "stash not fully written"
+        assert np.array_equal(s0[j, :, :n], s1[j, :, :n]), "score stash differs"
+        tiles = -(-n // block_n)
+        assert np.array_equal(p0[j, :, :tiles, :2], p1[j, :, :tiles, :2]), "tile stats differ"
+    assert np.array_equal(o0, o1)
+
+
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
                                                (3, 64, "float16", 128), (12, 128, "float16", 64)])
 def test_score_v4_matches_v2(G, D, dtype, block_n):

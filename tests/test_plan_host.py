@@ -304,6 +304,28 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
 
 
+def test_score_ring_launch(launches):
+    """score_kernel="mma_ring": the v4 score pass's ring instance with its dynamic shared memory
+    (4 warps x 4 steps x 16 keys x D x 2 bytes), runs fitted to that occupancy; 16-bit types only."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, score_kernel="mma_ring",
+                      tiles_per_warp=3)
+    plan.run(q, k, v, lengths)
+    by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
+    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    grid, args, smem = by_name["santa_score_mma"]
+    assert grid == (2, 2, 2) and smem == kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma_ring") == 65536
+    assert kernels.score_smem_bytes("bfloat16", 64, 128, 4, "mma_ring") == 32768
+    assert kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma") == 0
+    assert plan._score_warp_kernel[0] is plan.kernels.score_mma_ring
+    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000).score_kernel == "mma"   # opt-in
+    with pytest.raises(ValueError, match="score_kernel='mma_ring' needs"):
+        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="float32",
+                   score_kernel="mma_ring")
+
+
 def test_fixed_warp_launch(launches):
     """The fixed budget on the warp pass 2: score pass and prefix first (the prefix's cdf gives the
     tile weights), runs of tiles like the other budgets, and the merge sums the pre-weighted run

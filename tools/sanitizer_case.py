@@ -28,8 +28,12 @@ for budget in spec.BUDGETS:
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
         for runs in (2, 3):                   # one warp per run of tiles (score pass, warp pass 2)
-            DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                       budget=budget, block_n=64, tiles_per_warp=runs).run(q, k, v, lengths)
+            # auto (the staged gather here, or the block pass 2), the register gather, the K ring
+            warp = "warp" if sampler == "systematic" else "auto"
+            for score, tile in (("mma", "auto"), ("mma", warp), ("mma_ring", warp)):
+                DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                           budget=budget, block_n=64, tiles_per_warp=runs, score_kernel=score,
+                           tile_kernel=tile).run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                    budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
