@@ -2,7 +2,8 @@
 
     ncu --clock-control none --section SpeedOfLight python3 tools/profile_case.py dense 1 32768
     python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
-    python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp
+    python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged
+    python3 tools/profile_case.py santa-global-systematic-256 1 32768 --kernel mma_ring
 
 Llama-3.1-8B shapes (H=32, KVH=8, D=128), bf16, random K/V; runs the plan `--runs` times."""
 
@@ -19,8 +20,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
 ap.add_argument("batch", type=int)
 ap.add_argument("context", type=int)
-ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score pass: the same")
-ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp")
+ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score pass: the same or mma_ring")
+ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp|warp_staged")
 ap.add_argument("--tiles-per-warp", type=int, default=None, help="santa v4 kernels: tiles per warp (default: fitted)")
 ap.add_argument("--runs", type=int, default=3)
 a = ap.parse_args()
