@@ -164,9 +164,10 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // A chunk without comb points writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge
 // skips it (santa_merge, o_stride = tiles_per_warp).
 // The run's sums live in shared memory (each lane its own D/32 slice per head) rather than
-// registers, so they are not live through the counts phase: 72 instead of 96 registers at bf16,
-// D 128, BN 128, G 4 (7 instead of 5 blocks per SM), for one shared read-add-write per tile and
-// head; measured faster at every point of the H200 grid (BENCHMARKS.md, step 8).
+// registers, so they are not live through the counts phase (at bf16, D 128, BN 128, G 4: 72
+// instead of 96 registers, 80 since the one-tile-ahead loads below), for one shared
+// read-add-write per tile and head; measured faster at every point of the H200 grid
+// (BENCHMARKS.md, step 8).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
 // then per warp sums [G][D] f32; then, kStaged, per warp SC_GATHER_STAGE_BYTES of staged V rows.
 
