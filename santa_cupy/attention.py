@@ -144,7 +144,7 @@ class DecodePlan:
         self.block_n = block_n or spec.default_block_n(method, head_dim)
         spec.check_block_n(self.block_n)
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
-        kv_bytes = 2 * batch * max_length * kv_heads * head_dim * np.dtype(STORAGE_DTYPE[dtype]).itemsize
+        kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
         self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes)
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
@@ -168,6 +168,18 @@ class DecodePlan:
         # budget on the block kernel, which scores its tiles itself
         self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged")
         two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
+        # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
+        # score pass (KeyRun's registers or KeyRing's ring) and the warp pass 2 (register or staged gather)
+        ring, staged = self.score_kernel == "mma_ring", self.tile_kernel == "warp_staged"
+        self._score_warp_kernel = (self.kernels.score_mma_ring if ring else self.kernels.score_mma,
+                                   kernels.score_smem_bytes(dtype, head_dim, self.block_n, self.G, self.score_kernel))
+        self._warp_kernel = self.kernels.tile_warp_staged if staged else self.kernels.tile_warp
+        self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
+        # how santa_merge combines the fused run's partials
+        if budget != "fixed":
+            self._merge_kind = kernels.MERGE_SUM
+        else:
+            self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
         else:
@@ -200,28 +212,6 @@ class DecodePlan:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
         return max(1, math.ceil(self.T_max / want))
-
-    @property
-    def _score_warp_kernel(self):
-        """(kernel, dynamic shared memory) of the v4 score pass: KeyRun's registers or KeyRing's ring."""
-        ring = self.score_kernel == "mma_ring"
-        return ((self.kernels.score_mma_ring if ring else self.kernels.score_mma),
-                kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G, self.score_kernel))
-
-    @property
-    def _warp_kernel(self):
-        return self.kernels.tile_warp_staged if self.tile_kernel == "warp_staged" else self.kernels.tile_warp
-
-    @property
-    def _warp_smem(self):
-        return kernels.tile_warp_smem_bytes(self.block_n, self.G, self.D, self.tile_kernel == "warp_staged")
-
-    @property
-    def _merge_kind(self):
-        """How santa_merge combines this plan's partials (the fused run)."""
-        if self.budget != "fixed":
-            return kernels.MERGE_SUM
-        return kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
