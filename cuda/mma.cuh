@@ -85,13 +85,19 @@ struct MmaQuery {
     }
 };
 
-// The slice of key `key` (< row_end, else zeros; row `fallback` only forms the address) that
-// thread t of a group loads for MmaQuery::scores.
+// Where thread t of a group finds its slice of key `key` for MmaQuery::scores: the key's row, or
+// row `fallback` where key >= row_end (only to form a valid address: such a key reads as zeros).
+template <typename T, int D>
+__device__ __forceinline__ const T* key_slice(const T* k_cache, i64 b, i64 key, i64 row_end, i64 fallback, int g,
+                                              i64 L_max, int KVH, int t) {
+    return cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH) + t * (D / 4);
+}
+
+// That slice into registers (zeros past row_end).
 template <typename T, int D>
 __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache, i64 b, i64 key, i64 row_end,
                                                i64 fallback, int g, i64 L_max, int KVH, int t) {
-    load_words<D / 8>(w, cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH) + t * (D / 4),
-                      key < row_end);
+    load_words<D / 8>(w, key_slice<T, D>(k_cache, b, key, row_end, fallback, g, L_max, KVH, t), key < row_end);
 }
 
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
@@ -193,11 +199,10 @@ struct KeyRing {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const i64 key = key0 + 8 * j + gi;
-            const bool ok = key < key_end;
             const uint4* src = reinterpret_cast<const uint4*>(
-                cache_row<T, D>(k_cache, b, ok ? key : fallback, g, L_max, KVH) + tq * (D / 4));
+                key_slice<T, D>(k_cache, b, key, key_end, fallback, g, L_max, KVH, tq));
 #pragma unroll
-            for (int qd = 0; qd < KQ; ++qd) cp_async16(quad(k, j, qd), src + qd, ok);
+            for (int qd = 0; qd < KQ; ++qd) cp_async16(quad(k, j, qd), src + qd, key < key_end);
         }
         cp_async_commit();
     }

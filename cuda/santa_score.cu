@@ -146,8 +146,8 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // (m, l) (OnlineStats), combined over the 4 threads of a group at the tile's end into part_s.
 // K goes through two register buffers by a step counter that runs across the warp's tiles:
 // while step k computes, step k + 1 is loading, the first step of the next tile included, so
-// the K stream does not stop at tile boundaries. Holding no scores keeps the registers at
-// real step in flight: 136 at BN 128, D 128, G 4 (holding the tile's scores for a two-pass max/sum
+// the K stream does not stop at tile boundaries. Holding no scores keeps it at 136 registers with
+// a real step in flight at BN 128, D 128, G 4 (holding the tile's scores for a two-pass max/sum
 // took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (BENCHMARKS.md, step 8).
