@@ -159,6 +159,26 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
     assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
 
 
+def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed):
+    """The fused run of the block pass 2 and of a warp pass 2 on the same inputs (4 sequences of
+    lengths 1, BN-1, BN+1, 9 BN + 7; 2 KV heads; 96 samples; poisoned workspaces). Returns
+    (lengths, L_max, args, {kernel: (plan, o, rows_read, spread, lse)})."""
+    rng = np.random.default_rng(seed)
+    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
+    L_max = max(lengths) + 3
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    res = {}
+    for kernel in ("block", warp_kernel):
+        plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                              samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
+                              tiles_per_warp=None if kernel == "block" else tpw)
+        o = _as_float(plan.run(*args, layer=2))
+        assert np.isfinite(o).all(), "output not fully written"
+        res[kernel] = (plan, o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
+    return lengths, L_max, args, res
+
+
 @pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged"])
 @pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 1), (3, 64, "float16", 128, 2),
                                                    (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1),
@@ -170,31 +190,19 @@ def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw, warp_kernel):
     at float32), so rows read agree but for a few and >= 90% of the (sequence, head) outputs and
     spreads agree to rounding; lse agrees. Lengths 1, BN-1, BN+1 and 9 BN + 7 (runs cut short)."""
     import cupy
-    rng = np.random.default_rng(G * D + block_n + 7)
-    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
-    L_max = max(lengths) + 3
-    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
-    args = to_gpu(q, k, v, lens)
-    res = {}
-    for kernel in ("block", warp_kernel):
-        plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
-                              samples=96, budget="fixed", seed=17, step=4, block_n=block_n, tile_kernel=kernel,
-                              tiles_per_warp=None if kernel == "block" else tpw)
-        o = _as_float(plan.run(*args, layer=2))
-        assert np.isfinite(o).all(), "output not fully written"
-        res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
-        if kernel != "block":
-            # the standalone stages of a two-pass plan sample from the same stash: the counts the
-            # fused run used (S_t per tile and head, its rows), and its output from them
-            counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
-            for b, n in enumerate(lengths):
-                n_tiles = -(-n // block_n)
-                assert (counts[b].sum(-1) == max(1, 96 // n_tiles) * n_tiles).all()
-            rows = (counts.reshape(4, 2, G, L_max) > 0).any(axis=2).sum(-1)
-            assert np.array_equal(rows, res[kernel][1])
-            again = _as_float(plan.run_from_counts(*args, cupy.asarray(counts)))
-            assert rel_l2(again, o) < max(DENSE_TOL[dtype], 1e-5)
-    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res[warp_kernel]
+    lengths, L_max, args, res = _block_vs_warp("fixed", G, D, dtype, block_n, warp_kernel, tpw, G * D + block_n + 7)
+    # the standalone stages of a two-pass plan sample from the same stash: the counts the fused
+    # run used (S_t per tile and head, its rows), and its output from them
+    plan, o, rows_read = res[warp_kernel][:3]
+    counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
+    for b, n in enumerate(lengths):
+        n_tiles = -(-n // block_n)
+        assert (counts[b].sum(-1) == max(1, 96 // n_tiles) * n_tiles).all()
+    rows = (counts.reshape(4, 2, G, L_max) > 0).any(axis=2).sum(-1)
+    assert np.array_equal(rows, rows_read)
+    again = _as_float(plan.run_from_counts(*args, cupy.asarray(counts)))
+    assert rel_l2(again, o) < max(DENSE_TOL[dtype], 1e-5)
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
     flips = int(np.abs(rw.astype(np.int64) - rb).sum())
     assert flips <= max(2, int(rb.sum()) // 200), f"rows read differ by {flips} of {int(rb.sum())}"
     per_row = np.linalg.norm(ow - ob, axis=-1) / np.maximum(np.linalg.norm(ob, axis=-1), 1e-6)   # [B, H]
@@ -311,20 +319,9 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel)
     through shared memory kRows at a time; 96 samples select up to ~60 rows a tile here): the same
     counts as the block kernel (rows_read and the spread agree), the output up to float32
     summation order."""
-    rng = np.random.default_rng(G * D + block_n)
-    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
-    L_max = max(lengths) + 3
-    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
-    args = to_gpu(q, k, v, lens)
-    res = {}
-    for kernel in ("block", warp_kernel):
-        plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
-                              samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
-                              tiles_per_warp=None if kernel == "block" else 3)   # runs cut short at 10 tiles
-        o = _as_float(plan.run(*args, layer=2))
-        assert np.isfinite(o).all(), "output not fully written"
-        res[kernel] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
-    (ob, rb, sb, lb), (ow, rw, sw, lw) = res["block"], res[warp_kernel]
+    # runs of 3 tiles, cut short at 10 tiles
+    _, _, _, res = _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, 3, G * D + block_n)
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
     assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
     assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
     # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the
