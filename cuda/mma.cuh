@@ -174,35 +174,46 @@ struct KeyRun {
 // ---- the same K stream with the steps in flight in shared memory (santa_score_mma, kRing) --------
 // KeyRun holds the one step in flight in registers (a second buffer of D/4 words a thread). KeyRing
 // keeps kDepth - 1 steps in flight instead, in a per-warp ring of kDepth steps filled by cp.async,
-// so a warp has kDepth - 1 times the bytes in flight for fewer registers. Each thread copies, and
-// later reads back, only its own slices, so its cp.async group waits are all the synchronisation.
-// The look-ahead stays within the next tile (kDepth - 1 <= BN / 16 steps). Ring layout per warp:
-// [kDepth][2 n-tiles][D / 32 quads][32 lanes] 16-byte quads, so consecutive lanes touch
-// consecutive 16 bytes (no bank conflicts): kDepth x 16 keys x D x 2 bytes (4 KB a step at D 128).
+// so a warp has kDepth - 1 times the bytes in flight for fewer registers. The look-ahead stays
+// within the next tile (kDepth - 1 <= BN / 16 steps).
+// Copies are coalesced: a warp's copy instruction moves whole rows (lane l takes 16-byte quad
+// l % QR of a row), never a thread's own 64-byte slice; the first ring (each thread copying its
+// own slices, 16 of every 32-byte sector per request) measured 2x slower than KeyRun (BENCHMARKS.md,
+// step 9). So a thread reads back quads other lanes copied: __syncwarp after the group wait, and
+// before a slot is refilled. Ring layout per warp: [kDepth][16 keys][QR quads], quad q of key
+// row r stored at q ^ swizzle(r, q), so that both the copies (8 consecutive quads of one row) and
+// the read-back (lanes 4 gi + tq: rows gi, gi + 1 of a quarter-warp, quads tq * KQ + qd) hit 8
+// distinct 16-byte bank groups per quarter-warp. kDepth x 16 keys x D x 2 bytes (4 KB a step at D 128).
 //   KeyRing<T, D, BN, kDepth> kr;  kr.start(ring, ...first tile...);  then as KeyRun::score_tile.
 template <typename T, int D, int BN, int kDepth>
 struct KeyRing {
     static constexpr int KW = D / 8, KQ = KW / 4, NSTEP = BN / 16;   // words, quads of a slice; steps a tile
+    static constexpr int QR = D * (int)sizeof(T) / 16;               // quads of a key row
+    static constexpr int kCopies = 16 * QR / 32;                      // a lane's copies a step
     static_assert(kDepth >= 2 && kDepth - 1 <= NSTEP, "the look-ahead stays within the next tile");
-    uint4* ring;                                        // this thread's quad 0 of slot 0, n-tile 0
+    static_assert(QR >= 8 && QR <= 64 && 16 * QR % 32 == 0, "swizzle covers rows of 8 to 64 quads");
+    uint4* ring;                                        // this warp's slot 0
 
-    static constexpr int kBytesPerWarp = kDepth * 2 * KQ * 32 * 16;
+    static constexpr int kBytesPerWarp = kDepth * 16 * QR * 16;
 
-    __device__ __forceinline__ uint4* quad(int step, int j, int qd) const {
-        return ring + (((step % kDepth) * 2 + j) * KQ + qd) * 32;
+    // Bits 0-2 of the stored quad: row parity and the quad's bits 3-4 (a bijection on q for each r).
+    __device__ __forceinline__ static int swizzle(int r, int q) { return q ^ (((r & 1) | ((q >> 3) << 1)) & 7); }
+    __device__ __forceinline__ uint4* quad(int step, int r, int q) const {
+        return ring + ((step % kDepth) * 16 + r) * QR + swizzle(r, q);
     }
 
-    // Issue step `k`'s copies, keys key0 + 8 j + gi (j = 0, 1) of [.., key_end) (zeros past it,
-    // row `fallback` only forms the address), as one commit group.
+    // Issue step `k`'s copies, keys key0 .. key0 + 15 of [.., key_end) (zeros past it, row
+    // `fallback` only forms the address), as one commit group. The slot's last reader is done.
     __device__ __forceinline__ void issue(int k, const T* k_cache, i64 b, i64 key0, i64 key_end, i64 fallback, int g,
-                                          i64 L_max, int KVH, int gi, int tq) {
+                                          i64 L_max, int KVH) {
+        const int lane = threadIdx.x & 31;
+        __syncwarp();
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const i64 key = key0 + 8 * j + gi;
-            const uint4* src = reinterpret_cast<const uint4*>(
-                key_slice<T, D>(k_cache, b, key, key_end, fallback, g, L_max, KVH, tq));
-#pragma unroll
-            for (int qd = 0; qd < KQ; ++qd) cp_async16(quad(k, j, qd), src + qd, key < key_end);
+        for (int c = 0; c < kCopies; ++c) {
+            const int idx = 32 * c + lane, r = idx / QR, q = idx % QR;
+            const i64 key = key0 + r;
+            const T* src = cache_row<T, D>(k_cache, b, key < key_end ? key : fallback, g, L_max, KVH) + q * (16 / (int)sizeof(T));
+            cp_async16(quad(k, r, q), src, key < key_end);
         }
         cp_async_commit();
     }
@@ -210,10 +221,10 @@ struct KeyRing {
     // warp_ring: this warp's kBytesPerWarp of shared memory. Steps 0 .. kDepth - 2 of the run's
     // first tile (rows [row0, row_end)).
     __device__ __forceinline__ void start(void* warp_ring, const T* k_cache, i64 b, i64 row0, i64 row_end, int g,
-                                          i64 L_max, int KVH, int gi, int tq) {
-        ring = reinterpret_cast<uint4*>(warp_ring) + (threadIdx.x & 31);
+                                          i64 L_max, int KVH, int, int) {
+        ring = reinterpret_cast<uint4*>(warp_ring);
 #pragma unroll
-        for (int k = 0; k < kDepth - 1; ++k) issue(k, k_cache, b, row0 + 16 * k, row_end, row0, g, L_max, KVH, gi, tq);
+        for (int k = 0; k < kDepth - 1; ++k) issue(k, k_cache, b, row0 + 16 * k, row_end, row0, g, L_max, KVH);
     }
 
     // As KeyRun::score_tile: step k = index * NSTEP + st issues step k + kDepth - 1 (this tile's or
@@ -228,19 +239,19 @@ struct KeyRing {
             const int k = index * NSTEP + st;
             const int ahead = st + kDepth - 1;              // of this tile, or of the next from NSTEP on
             if (ahead < NSTEP)
-                issue(k + kDepth - 1, k_cache, b, row0 + 16 * ahead, row_end, row0, g, L_max, KVH, gi, tq);
+                issue(k + kDepth - 1, k_cache, b, row0 + 16 * ahead, row_end, row0, g, L_max, KVH);
             else if (next_end > next0)
-                issue(k + kDepth - 1, k_cache, b, next0 + 16 * (ahead - NSTEP), next_end, next0, g, L_max, KVH, gi,
-                      tq);
+                issue(k + kDepth - 1, k_cache, b, next0 + 16 * (ahead - NSTEP), next_end, next0, g, L_max, KVH);
             else
                 cp_async_commit();
-            cp_async_wait<kDepth - 1>();                    // step k's group has landed
+            cp_async_wait<kDepth - 1>();                    // this thread's copies of step k have landed
+            __syncwarp();                                   // and every lane's
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 u32 w[KW];
 #pragma unroll
                 for (int qd = 0; qd < KQ; ++qd) {
-                    const uint4 x = *quad(k, j, qd);
+                    const uint4 x = *quad(k, 8 * j + gi, tq * KQ + qd);
                     w[4 * qd] = x.x; w[4 * qd + 1] = x.y; w[4 * qd + 2] = x.z; w[4 * qd + 3] = x.w;
                 }
                 float s[4];
