@@ -154,7 +154,8 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // kRing: the K stream of KeyRing (SC_KEY_RING steps a warp in shared memory, SC_KEY_RING - 1 in
 // flight) instead of KeyRun's register double buffer; dynamic shared memory 4 x
 // KeyRing::kBytesPerWarp (kernels.py: score_smem_bytes(..., "mma_ring")). Opt-in (score_kernel
-// "mma_ring") until measured.
+// "mma_ring"): measured even with KeyRun on the H200 (B=1 32k score + prefix 24.0 vs 25.5 us,
+// B=16 32k 286 vs 279 us; BENCHMARKS.md step 9), so KeyRun stays the default.
 #define SC_KEY_RING 4
 
 template <bool kRing, typename T, int D, int BN> struct KeyStream { using type = KeyRun<T, D, BN>; };

@@ -133,7 +133,7 @@ class DecodePlan:
         self.dense_kernel = kernels.resolve_kernel_choice("dense_kernel", dense_kernel, dtype, head_dim)
         spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
         # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores) | "mma_ring" (v4 with its K
-        # steps in flight in a shared-memory ring; opt-in until measured); "auto" as for dense
+        # steps in flight in a shared-memory ring; opt-in, measured even with "mma"); "auto" as for dense
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per

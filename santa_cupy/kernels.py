@@ -151,7 +151,7 @@ def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
 
 
 # santa_score v2, _async v3, _mma v4; "mma_ring": v4 with its K steps in flight in a shared-memory
-# ring (opt-in until measured)
+# ring (opt-in: measured even with "mma" on the H200, BENCHMARKS.md step 9)
 SCORE_KERNELS = ("auto", "stream", "async", "mma", "mma_ring")
 KEY_RING_STEPS = 4          # SC_KEY_RING (santa_score.cu)
 
