@@ -189,14 +189,29 @@ __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
     for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
 }
 
+// One tile's stash scores for the G heads into registers: lane holds rows lane * R .. + R - 1 of
+// every head (-inf past nrows); src = the group's first head at the tile's first row, head h at
+// src + h * stride (the stash: L_max). Issued a tile ahead, they fly while the previous tile gathers.
+template <int BN, int G>
+__device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const float* src, i64 stride, int nrows) {
+    constexpr int R = BN / 32;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            sc[h][i] = j < nrows ? src[h * stride + j] : -SC_INF;
+        }
+}
+
 // Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
 // the ordered list of the selected rows (the union over the heads, row order) into rows[];
 // returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
-// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; src = the scores of
-// the group's first head at the tile's first row, head h at src + h * stride (the stash: L_max).
+// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; sc = warp_tile_scores.
 template <int BN, int G>
 __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
-                                                const float* src, i64 stride, int nrows) {
+                                                const float (&sc)[G][BN / 32], int nrows) {
     constexpr int R = BN / 32;
     const int lane = threadIdx.x & 31;
     bool any_row[R];
@@ -213,7 +228,7 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             const int j = lane * R + i;
-            c[i] = j < nrows ? __expf(src[h * stride + j] - m_h) : 0.f;
+            c[i] = j < nrows ? __expf(sc[h][i] - m_h) : 0.f;
         }
         float run = 0.f;                                   // tile_cumsum's order
 #pragma unroll
@@ -374,10 +389,13 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
 #pragma unroll
         for (int e = 0; e < E; ++e) sums[h * D + e] = 0.f;
     }
-    // Lane h < G: head h's inputs of a tile (pass 1's (m, l), the prefix's C_{t-1}, C_t, the
-    // allocation), loaded one tile ahead: they decide the tile's comb, so fetching them while the
-    // previous tile gathers takes a round trip off each tile's dependent chain.
+    // A tile's work is a chain: its inputs (lane h < G: head h's pass-1 (m, l), the prefix's C_t,
+    // the allocation) decide its comb; the comb says whether its stash scores are needed; the
+    // scores give the counts and so the V rows. The chain is pipelined across tiles: inputs are
+    // loaded two tiles ahead, and the next tile's comb is set up (and its stash scores issued)
+    // before this tile's gather, so its DRAM round trip overlaps this tile's.
     // C_{t-1} is the previous tile's C_t, so only C_t travels ahead.
+    constexpr int R = BN / 32;
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
     double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf[head_row + t0 - 1] : 0.0;
@@ -389,27 +407,44 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             if (budget == SC_BUDGET_LR) alloc_ahead = alloc[head_row + t];
         }
     };
-    fetch(t0);
-    int rows_total = 0;                      // distinct (tile, row) pairs read
-    for (int t = t0; t < t_end; ++t) {
-        const i64 row0 = (i64)t * BN;
-        const int nrows = (int)min((i64)BN, n - row0);
+    // The next tile's comb (lane h < G: head h), tile max, weight (fixed: (W_t / Z) / S_t), whether
+    // any head has a comb point there, and its stash scores when one has.
+    HeadDraw my_next;
+    float m_next = 0.f, w_next = 1.f, sc_next[G][R];
+    bool any_next = false;
+    auto plan_tile = [&](int t) {                  // t < t_end; its inputs were fetched
         const float2 st = st_ahead;
         const double cp = c_before, cc = cc_ahead;
         const int alloc_t = alloc_ahead;
         c_before = cc;
         fetch(t + 1);
-        HeadDraw my;                         // lane h < G: head h's pass-1 stats and comb points
-        float my_m = 0.f, my_w = 1.f;        // my_w: the tile's weight (fixed: (W_t / Z) / S_t)
         if (lane < G) {
-            my_m = st.x;
-            setup_head_draw_from(&my, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, cp, cc, alloc_t);
-            if (fixed) my_w = (float)(cc - cp) * inv_s_t;
+            m_next = st.x;
+            setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, cp, cc,
+                                 alloc_t);
+            if (fixed) w_next = (float)(cc - cp) * inv_s_t;
         } else {
-            my.n = 0; my.a = 0.f; my.off = 0.f; my.l = 0.f;
+            my_next.n = 0; my_next.a = 0.f; my_next.off = 0.f; my_next.l = 0.f;
         }
-        if (__ballot_sync(0xffffffffu, lane < G && my.n > 0) == 0u) continue;   // no comb point here
-        const int nsel = warp_tile_counts<BN, G>(cnt, rows, my, my_m, scores + head0 * L_max + row0, L_max, nrows);
+        any_next = __ballot_sync(0xffffffffu, lane < G && my_next.n > 0) != 0u;
+        if (any_next)
+            warp_tile_scores<BN, G>(sc_next, scores + head0 * L_max + (i64)t * BN, L_max,
+                                    (int)min((i64)BN, n - (i64)t * BN));
+    };
+    fetch(t0);
+    plan_tile(t0);
+    int rows_total = 0;                      // distinct (tile, row) pairs read
+    for (int t = t0; t < t_end; ++t) {
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+        const HeadDraw my = my_next;
+        const float my_m = m_next, my_w = w_next;
+        const bool any = any_next;
+        // this tile's counts (into cnt, rows) free sc_next for the next tile's scores, issued
+        // before this tile's gather
+        const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows) : 0;
+        if (t + 1 < t_end) plan_tile(t + 1);
+        if (!any) continue;                  // no comb point here
         float tile[G][E], tile_m2[G];        // this tile's sum c V and this lane's part of sum c ||V||^2
 #pragma unroll
         for (int h = 0; h < G; ++h) {
