@@ -20,6 +20,7 @@
 #include "santa_gather.cuh"
 #include "stream.cuh"
 #include "async_copy.cuh"
+#include "gather_mma.cuh"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -171,7 +172,6 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
 // then per warp sums [G][D] f32; then, kStaged, per warp SC_GATHER_STAGE_BYTES of staged V rows.
 
-#define SC_GATHER_STAGE_BYTES 4096   // per warp: staged V rows of warp_gather_add_staged
 
 template <typename T, int N>
 __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
@@ -376,7 +376,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
     int* rows = cnt + G * BN;                                          // [BN]
     // this warp's [G][D] run sums (lane-private slices, so no synchronisation)
-    float* sums = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D) + lane * E;
+    float* sums_w = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D);
+    float* sums = sums_w + lane * E;
+    // kStaged at fp16/bf16, D 64/128: the gather on tensor cores (gather_mma.cuh), whose results
+    // sit in the mma fragment layout, so they are added to sums_w by (head, dim), not lane slices
+    constexpr bool kMma = kStaged && MmaGatherable<T, D>::value;
     // kStaged: this warp's [kStageRows][D] staging rows after the 4 warps' sums (16-byte aligned)
     constexpr int kStageRows = SC_GATHER_STAGE_BYTES / (D * (int)sizeof(T));
     T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN + G * D)) +
@@ -445,6 +449,35 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows) : 0;
         if (t + 1 < t_end) plan_tile(t + 1);
         if (!any) continue;                  // no comb point here
+        if constexpr (kMma) {
+            // counts exact in T: no head draws more than kMaxCount points here (n bounds a count)
+            if (__ballot_sync(0xffffffffu, lane < G && my.n > MmaGather<T, D, BN, G>::kMaxCount) == 0u) {
+                MmaGather<T, D, BN, G> mg;
+                mg.run(cnt, rows, nsel, stage, v_cache, b, row0, g, L_max, KVH);
+                // thread (gi, t) holds dims mt*16 + gi (+ 8) of heads 2t, 2t + 1 (gather_mma.cuh)
+                const int gi = lane >> 2, tq = lane & 3;
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float w = __shfl_sync(0xffffffffu, my_w, h);
+                    float q2 = 0.f;              // this thread's part of ||sum c V||^2
+                    if ((h >> 1) == tq) {
+#pragma unroll
+                        for (int mt = 0; mt < MmaGather<T, D, BN, G>::MT; ++mt)
+#pragma unroll
+                            for (int half = 0; half < 2; ++half) {
+                                const float x = mg.acc[mt][2 * half + (h & 1)];
+                                float& s = sums_w[h * D + mt * 16 + gi + 8 * half];
+                                s = fmaf(w, x, s);
+                                q2 = fmaf(x, x, q2);
+                            }
+                    }
+                    m2p[h] = fmaf(w * w, mg.m2[h] - q2 * inv_s_t, m2p[h]);   // global: w = 1, inv_s_t = 0
+                }
+                rows_total += nsel;
+                __syncwarp();                    // cnt, rows and the stage are rewritten by the next tile
+                continue;
+            }
+        }
         float tile[G][E], tile_m2[G];        // this tile's sum c V and this lane's part of sum c ||V||^2
 #pragma unroll
         for (int h = 0; h < G; ++h) {

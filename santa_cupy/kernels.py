@@ -24,7 +24,8 @@ from santa_cupy import spec
 
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
-    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "santa_sample.cuh", "santa_gather.cuh",
+    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "santa_sample.cuh",
+    "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
@@ -175,7 +176,7 @@ STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected 
 # "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
 # H200 (BENCHMARKS.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
-GATHER_STAGE_BYTES = 4096    # SC_GATHER_STAGE_BYTES (santa_tile.cu): staged V rows per warp
+GATHER_STAGE_BYTES = 4096    # SC_GATHER_STAGE_BYTES (gather_mma.cuh): staged V rows per warp
 
 
 def warp_tile_supported(sampler, group) -> bool:

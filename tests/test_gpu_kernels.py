@@ -159,9 +159,9 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
     assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
 
 
-def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed):
+def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples=96):
     """The fused run of the block pass 2 and of a warp pass 2 on the same inputs (4 sequences of
-    lengths 1, BN-1, BN+1, 9 BN + 7; 2 KV heads; 96 samples; poisoned workspaces). Returns
+    lengths 1, BN-1, BN+1, 9 BN + 7; 2 KV heads; 96 samples unless told; poisoned workspaces). Returns
     (lengths, L_max, args, {kernel: (plan, o, rows_read, spread, lse)})."""
     rng = np.random.default_rng(seed)
     lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
@@ -171,7 +171,7 @@ def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed):
     res = {}
     for kernel in ("block", warp_kernel):
         plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
-                              samples=96, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
+                              samples=samples, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
                               tiles_per_warp=None if kernel == "block" else tpw)
         o = _as_float(plan.run(*args, layer=2))
         assert np.isfinite(o).all(), "output not fully written"
@@ -327,6 +327,26 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel)
     # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the
     # two terms cancel and the spread is float32 rounding noise (~3e-5 here, 0 or not depending on
     # the summation order), hence the same tolerance as against the reference estimator
+    assert np.allclose(sw, sb, rtol=2e-2, atol=1e-4)
+    assert np.array_equal(lw, lb)
+
+
+@pytest.mark.parametrize("G,D,dtype,block_n,limit", [(4, 128, "bfloat16", 128, 256), (3, 64, "float16", 64, 2048)])
+def test_staged_gather_counts_beyond_the_mma_limit(G, D, dtype, block_n, limit):
+    """The staged gather runs on tensor cores only where the counts are exact in the 16-bit type
+    (<= 256 in bf16, <= 2048 in f16: a head drawing at most that many points in the tile); other
+    tiles take the FMA gather. 5000 samples: the length-1 tile draws them all, the long sequence's
+    tiles ~500 each (under the f16 limit, over the bf16 one), so a run mixes both paths. Against the
+    block pass 2: the same rows, the output up to float32 summation order."""
+    _, L_max, args, res = _block_vs_warp("global", G, D, dtype, block_n, "warp_staged", 3, G + D, samples=5000)
+    plan = res["warp_staged"][0]
+    counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
+    T = -(-L_max // block_n)
+    drawn = np.pad(counts, ((0, 0), (0, 0), (0, T * block_n - L_max))).reshape(4, -1, T, block_n).sum(-1)
+    assert drawn.max() > limit and ((drawn > 0) & (drawn <= limit)).any(), "both gather paths are exercised"
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res["warp_staged"]
+    assert np.array_equal(rb, rw)
+    assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
     assert np.allclose(sw, sb, rtol=2e-2, atol=1e-4)
     assert np.array_equal(lw, lb)
 
