@@ -53,9 +53,10 @@ KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels
 # santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
 # the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
 # (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
-# at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), or
-# "mma_ring" = the v4 score pass with its K steps in a shared-memory ring (score_kernel="mma_ring")
-SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring", "block", "tpw1", "warp", "staged")
+# at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
+# = staged and on tensor cores (tile_kernel="warp_mma"), or "mma_ring" = the v4 score pass with its
+# K steps in a shared-memory ring (score_kernel="mma_ring")
+SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring", "block", "tpw1", "warp", "staged", "warpmma")
 DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
                    "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
                    "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
@@ -109,7 +110,7 @@ def parse_method(name: str) -> Method:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged|-warpmma], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -508,6 +509,8 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
             kw["tile_kernel"] = "warp"
         elif method.backend == "staged":
             kw["tile_kernel"] = "warp_staged"
+        elif method.backend == "warpmma":
+            kw["tile_kernel"] = "warp_mma"
         elif method.backend:
             kw["score_kernel"] = method.backend
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,

@@ -170,7 +170,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // read-add-write per tile and head; measured faster at every point of the H200 grid
 // (BENCHMARKS.md, step 8).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
-// then per warp sums [G][D] f32; then, kStaged, per warp SC_GATHER_STAGE_BYTES of staged V rows.
+// then per warp sums [G][D] f32; then, staged gathers, per warp SC_GATHER_STAGE_BYTES of staged V rows.
 
 
 template <typename T, int N>
@@ -347,9 +347,15 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
     }
 }
 
-// kStaged: gather through shared memory (warp_gather_add_staged) instead of 4 rows at a time in
-// registers; kernels.py picks it where a tile is expected to select many rows.
-template <typename T, int D, int BN, int G, bool kStaged>
+// kGather: how a tile's selected V rows are gathered and added (kernels.py picks by the rows a
+// tile is expected to select): SC_GATHER_REGS 4 rows at a time in registers (warp_gather_add),
+// SC_GATHER_STAGED kRows at a time through shared memory (warp_gather_add_staged), SC_GATHER_MMA
+// staged likewise, then on tensor cores (gather_mma.cuh; fp16/bf16 at D 64/128 only, and a tile
+// whose counts are not exact in T takes the staged FMA gather).
+#define SC_GATHER_REGS 0
+#define SC_GATHER_STAGED 1
+#define SC_GATHER_MMA 2
+template <typename T, int D, int BN, int G, int kGather>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
@@ -378,10 +384,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // this warp's [G][D] run sums (lane-private slices, so no synchronisation)
     float* sums_w = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D);
     float* sums = sums_w + lane * E;
-    // kStaged at fp16/bf16, D 64/128: the gather on tensor cores (gather_mma.cuh), whose results
-    // sit in the mma fragment layout, so they are added to sums_w by (head, dim), not lane slices
-    constexpr bool kMma = kStaged && MmaGatherable<T, D>::value;
-    // kStaged: this warp's [kStageRows][D] staging rows after the 4 warps' sums (16-byte aligned)
+    // SC_GATHER_MMA: the results sit in the mma fragment layout, so they are added to sums_w by
+    // (head, dim), not lane slices
+    static_assert(kGather != SC_GATHER_MMA || MmaGatherable<T, D>::value, "mma gather: fp16/bf16, D 64/128");
+    constexpr bool kMma = kGather == SC_GATHER_MMA;
+    // staged gathers: this warp's [kStageRows][D] staging rows after the 4 warps' sums (16-byte aligned)
     constexpr int kStageRows = SC_GATHER_STAGE_BYTES / (D * (int)sizeof(T));
     T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN + G * D)) +
                warp * kStageRows * D;
@@ -456,22 +463,28 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                 mg.run(cnt, rows, nsel, stage, v_cache, b, row0, g, L_max, KVH);
                 // thread (gi, t) holds dims mt*16 + gi (+ 8) of heads 2t, 2t + 1 (gather_mma.cuh)
                 const int gi = lane >> 2, tq = lane & 3;
+                float q2[2] = {0.f, 0.f};        // this thread's part of ||sum c V||^2, heads 2t, 2t + 1
 #pragma unroll
-                for (int h = 0; h < G; ++h) {
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int h = 2 * tq + hh;
                     const float w = __shfl_sync(0xffffffffu, my_w, h);
-                    float q2 = 0.f;              // this thread's part of ||sum c V||^2
-                    if ((h >> 1) == tq) {
+                    if (h < G) {
 #pragma unroll
                         for (int mt = 0; mt < MmaGather<T, D, BN, G>::MT; ++mt)
 #pragma unroll
                             for (int half = 0; half < 2; ++half) {
-                                const float x = mg.acc[mt][2 * half + (h & 1)];
+                                const float x = mg.acc[mt][2 * half + hh];
                                 float& s = sums_w[h * D + mt * 16 + gi + 8 * half];
                                 s = fmaf(w, x, s);
-                                q2 = fmaf(x, x, q2);
+                                q2[hh] = fmaf(x, x, q2[hh]);
                             }
                     }
-                    m2p[h] = fmaf(w * w, mg.m2[h] - q2 * inv_s_t, m2p[h]);   // global: w = 1, inv_s_t = 0
+                }
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float w = __shfl_sync(0xffffffffu, my_w, h);
+                    const float q = (h >> 1) == tq ? q2[h & 1] : 0.f;
+                    m2p[h] = fmaf(w * w, mg.m2[h] - q * inv_s_t, m2p[h]);   // global: w = 1, inv_s_t = 0
                 }
                 rows_total += nsel;
                 __syncwarp();                    // cnt, rows and the stage are rewritten by the next tile
@@ -485,7 +498,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
 #pragma unroll
             for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
-        if constexpr (kStaged)
+        if constexpr (kGather != SC_GATHER_REGS)
             warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, v_cache, b, row0,
                                                             g, L_max, KVH);
         else

@@ -138,14 +138,16 @@ class DecodePlan:
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
         # run of tiles: systematic sampler, G <= 8, every budget; rows gathered 4 at a time) |
-        # "warp_staged" (the same, rows staged through shared memory); "auto": a warp kernel where
-        # it applies (not for the fixed budget on a small cache), staged where a tile is expected
-        # to select many rows
+        # "warp_staged" (the same, rows staged through shared memory) | "warp_mma" (staged, then
+        # added on tensor cores; fp16/bf16 at D 64/128); "auto": a warp kernel where it applies
+        # (not for the fixed budget on a small cache), staged where a tile is expected to select
+        # many rows, on tensor cores where it selects more
         self.block_n = block_n or spec.default_block_n(method, head_dim)
         spec.check_block_n(self.block_n)
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
         kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
-        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes)
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes,
+                                                       kernels.mma_supported(dtype, head_dim))
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -166,14 +168,14 @@ class DecodePlan:
         self.score_tpw = self.tile_tpw = 1
         # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
         # budget on the block kernel, which scores its tiles itself
-        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged")
+        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged", "warp_mma")
         two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
         # score pass (KeyRun's registers or KeyRing's ring) and the warp pass 2 (register or staged gather)
-        ring, staged = self.score_kernel == "mma_ring", self.tile_kernel == "warp_staged"
+        ring, staged = self.score_kernel == "mma_ring", self.tile_kernel in ("warp_staged", "warp_mma")
         self._score_warp_kernel = (self.kernels.score_mma_ring if ring else self.kernels.score_mma,
                                    kernels.score_smem_bytes(dtype, head_dim, self.block_n, self.G, self.score_kernel))
-        self._warp_kernel = self.kernels.tile_warp_staged if staged else self.kernels.tile_warp
+        self._warp_kernel = getattr(self.kernels, "tile_" + self.tile_kernel) if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
         # how santa_merge combines the fused run's partials
         if budget != "fixed":

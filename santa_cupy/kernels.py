@@ -93,8 +93,9 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, false>"
         names["score_mma_ring"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, true>"
     if group <= WARP_TILE_MAX_G:
-        names["tile_warp"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, false>"
-        names["tile_warp_staged"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, true>"
+        for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp
+            if gather < GATHER_MMA or mma_supported(dtype_name, head_dim):
+                names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}>"
     return names
 
 
@@ -169,10 +170,14 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
 
 
 # pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
-# gathers 4 rows at a time in registers ("warp") or through shared memory ("warp_staged")
-TILE_KERNELS = ("auto", "block", "warp", "warp_staged")
+# gathers 4 rows at a time in registers ("warp"), through shared memory ("warp_staged"), or staged
+# and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
+TILE_KERNELS = ("auto", "block", "warp", "warp_staged", "warp_mma")
+GATHER_MMA = 2               # SC_GATHER_REGS / _STAGED / _MMA (santa_tile.cu)
+TILE_WARP_GATHERS = {"tile_warp": 0, "tile_warp_staged": 1, "tile_warp_mma": GATHER_MMA}
 WARP_TILE_MAX_G = 8
 STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
+MMA_MIN_ROWS = 16            # ... and gathers on tensor cores from this many (where it can)
 # "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
 # H200 (BENCHMARKS.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
@@ -191,19 +196,25 @@ def expected_rows_per_tile(group, samples, block_n, max_length) -> float:
     return min(block_n, group * samples * block_n / max(max_length, 1))
 
 
-def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="global", kv_bytes=0) -> str:
+def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="global", kv_bytes=0,
+                        mma_ok=False) -> str:
     """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
-    cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else
-    "warp_staged" where a tile is expected to select >= STAGED_MIN_ROWS rows, "warp" otherwise.
-    An explicit warp choice must apply."""
+    cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else by
+    the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS where the tensor-core
+    gather exists (mma_ok), "warp_staged" from STAGED_MIN_ROWS, "warp" below. An explicit warp
+    choice must apply."""
     ok = warp_tile_supported(sampler, group)
     if choice == "auto":
         if not ok or (budget == "fixed" and kv_bytes <= FUSED_FIXED_MAX_KV_BYTES):
             return "block"
+        if mma_ok and rows_per_tile >= MMA_MIN_ROWS:
+            return "warp_mma"
         return "warp_staged" if rows_per_tile >= STAGED_MIN_ROWS else "warp"
-    if choice in ("warp", "warp_staged") and not ok:
+    if choice in ("warp", "warp_staged", "warp_mma") and not ok:
         raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic' and heads // kv_heads <= "
                          f"{WARP_TILE_MAX_G}, got sampler={sampler!r}, group={group}")
+    if choice == "warp_mma" and not mma_ok:
+        raise ValueError(f"tile_kernel='warp_mma' needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}")
     return choice
 
 
@@ -236,6 +247,7 @@ class KernelSet:
     tile: object = None
     tile_warp: object = None
     tile_warp_staged: object = None
+    tile_warp_mma: object = None
     prefix: object = None
 
 

@@ -70,6 +70,7 @@ def test_method_lists():
     assert bench.parse_method("santa-global-iid-64-async").backend == "async"
     assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    assert bench.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     assert bench.parse_method("santa-global-systematic-256-mma_ring").backend == "mma_ring"
     with pytest.raises(click.BadParameter):                # the ring is a score pass of santa only
         bench.parse_method("dense-mma_ring")

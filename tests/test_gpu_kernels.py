@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from santa_cupy import DecodePlan, decode_attention, reference, spec
+from santa_cupy import DecodePlan, decode_attention, kernels, reference, spec
 from tests.gpu_util import DENSE_TOL, random_inputs, rel_l2, requires_gpu, to_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -136,6 +136,7 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
     ("global", "systematic", "float16", "auto", 2),            # v4: tensor-core scores, warp pass 2, runs
     ("global", "systematic", "float16", "warp", 2),            # (auto stages the gather here: 13.6 rows/tile)
     ("fixed", "systematic", "float16", "warp_staged", 1), ("fixed", "systematic", "float16", "warp", 2),   # two-pass
+    ("fixed", "systematic", "float16", "warp_mma", 2), ("global", "systematic", "float16", "warp_mma", 1),
     ("fixed", "systematic", "float32", "block", None)])                                             # one fused pass
 def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, tpw):
     """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate."""
@@ -159,6 +160,11 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
     assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
 
 
+def _skip_without_mma_gather(warp_kernel, dtype, D):
+    if warp_kernel == "warp_mma" and not kernels.mma_supported(dtype, D):
+        pytest.skip("warp_mma: fp16/bf16 at head_dim 64/128 only")
+
+
 def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples=96):
     """The fused run of the block pass 2 and of a warp pass 2 on the same inputs (4 sequences of
     lengths 1, BN-1, BN+1, 9 BN + 7; 2 KV heads; 96 samples unless told; poisoned workspaces). Returns
@@ -179,7 +185,7 @@ def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples
     return lengths, L_max, args, res
 
 
-@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged"])
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged", "warp_mma"])
 @pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 1), (3, 64, "float16", 128, 2),
                                                    (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1),
                                                    (5, 256, "float32", 64, 2)])
@@ -190,6 +196,7 @@ def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw, warp_kernel):
     at float32), so rows read agree but for a few and >= 90% of the (sequence, head) outputs and
     spreads agree to rounding; lse agrees. Lengths 1, BN-1, BN+1 and 9 BN + 7 (runs cut short)."""
     import cupy
+    _skip_without_mma_gather(warp_kernel, dtype, D)
     lengths, L_max, args, res = _block_vs_warp("fixed", G, D, dtype, block_n, warp_kernel, tpw, G * D + block_n + 7)
     # the standalone stages of a two-pass plan sample from the same stash: the counts the fused
     # run used (S_t per tile and head, its rows), and its output from them
@@ -303,7 +310,7 @@ def test_standalone_sample_then_gather_equals_fused(budget):
     if budget != "fixed":               # the warp pass 2 (default): same counts, other summation order
         warp = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
                           samples=64, budget=budget, seed=3, block_n=64)
-        assert warp.tile_kernel in ("warp", "warp_staged")
+        assert warp.tile_kernel in ("warp", "warp_staged", "warp_mma")
         got = _as_float(warp.run(qg, kg, vg, lg))
         assert rel_l2(got, _as_float(staged)) < 4e-3
         assert np.array_equal(warp.rows_read.get(), plan.rows_read.get())
@@ -313,12 +320,13 @@ def test_standalone_sample_then_gather_equals_fused(budget):
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
                                                (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
                                                (5, 64, "float16", 64)])
-@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged"])
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged", "warp_mma"])
 def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel):
     """Pass 2 with one warp per run of tiles (rows gathered 4 at a time in registers, or staged
     through shared memory kRows at a time; 96 samples select up to ~60 rows a tile here): the same
     counts as the block kernel (rows_read and the spread agree), the output up to float32
     summation order."""
+    _skip_without_mma_gather(warp_kernel, dtype, D)
     # runs of 3 tiles, cut short at 10 tiles
     _, _, _, res = _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, 3, G * D + block_n)
     (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
@@ -332,19 +340,19 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel)
 
 
 @pytest.mark.parametrize("G,D,dtype,block_n,limit", [(4, 128, "bfloat16", 128, 256), (3, 64, "float16", 64, 2048)])
-def test_staged_gather_counts_beyond_the_mma_limit(G, D, dtype, block_n, limit):
-    """The staged gather runs on tensor cores only where the counts are exact in the 16-bit type
+def test_mma_gather_counts_beyond_its_limit(G, D, dtype, block_n, limit):
+    """The warp_mma gather runs on tensor cores only where the counts are exact in the 16-bit type
     (<= 256 in bf16, <= 2048 in f16: a head drawing at most that many points in the tile); other
-    tiles take the FMA gather. 5000 samples: the length-1 tile draws them all, the long sequence's
+    tiles take the staged FMA gather. 5000 samples: the length-1 tile draws them all, the long sequence's
     tiles ~500 each (under the f16 limit, over the bf16 one), so a run mixes both paths. Against the
     block pass 2: the same rows, the output up to float32 summation order."""
-    _, L_max, args, res = _block_vs_warp("global", G, D, dtype, block_n, "warp_staged", 3, G + D, samples=5000)
-    plan = res["warp_staged"][0]
+    _, L_max, args, res = _block_vs_warp("global", G, D, dtype, block_n, "warp_mma", 3, G + D, samples=5000)
+    plan = res["warp_mma"][0]
     counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
     T = -(-L_max // block_n)
     drawn = np.pad(counts, ((0, 0), (0, 0), (0, T * block_n - L_max))).reshape(4, -1, T, block_n).sum(-1)
     assert drawn.max() > limit and ((drawn > 0) & (drawn <= limit)).any(), "both gather paths are exercised"
-    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res["warp_staged"]
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res["warp_mma"]
     assert np.array_equal(rb, rw)
     assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
     assert np.allclose(sw, sb, rtol=2e-2, atol=1e-4)

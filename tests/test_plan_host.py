@@ -247,7 +247,14 @@ def test_tile_kernel_choice(launches):
     assert DecodePlan(heads=8, samples=468, **kw).tile_kernel == "warp"         # 7.99 rows
     assert DecodePlan(heads=8, samples=469, **kw).tile_kernel == "warp_staged"  # 8.004 rows
     assert DecodePlan(heads=8, samples=469, tile_kernel="warp", **kw).tile_kernel == "warp"
-    assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_staged"
+    # ... and on tensor cores from 16 (fp16/bf16 at D 64/128): 4 * 938 * 128 / 30000 = 16.008 rows
+    assert DecodePlan(heads=8, samples=937, **kw).tile_kernel == "warp_staged"  # 15.99 rows
+    assert DecodePlan(heads=8, samples=938, **kw).tile_kernel == "warp_mma"
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_mma"
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "warp_staged"
+    assert DecodePlan(heads=8, samples=2048, tile_kernel="warp_staged", **kw).tile_kernel == "warp_staged"
+    with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs dtype"):
+        DecodePlan(heads=8, dtype="float32", tile_kernel="warp_mma", **kw)
     with pytest.raises(ValueError, match="tile_kernel='warp_staged' needs"):
         DecodePlan(heads=8, sampler="iid", tile_kernel="warp_staged", **kw)
     fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
@@ -292,7 +299,7 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     assert int(args[params["santa_merge"].index("o_stride")]) == 3
     assert int(args[params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
-    assert plan.tile_kernel == "warp_staged"                   # 4 * 256 * 128 / 3000 = 44 rows per tile
+    assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
     assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
     assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
     auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)

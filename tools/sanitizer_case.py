@@ -28,10 +28,11 @@ for budget in spec.BUDGETS:
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
         for runs in (2, 3):                   # one warp per run of tiles (score pass, warp pass 2)
-            # auto (the staged gather here, or the block pass 2), the register gather, the staged
-            # gather (tensor cores), the K ring
-            warp, staged = ("warp", "warp_staged") if sampler == "systematic" else ("auto", "auto")
-            for score, tile in (("mma", "auto"), ("mma", warp), ("mma", staged), ("mma_ring", warp)):
+            # auto (the staged gather here, or the block pass 2), the register, staged and
+            # tensor-core gathers, the K ring
+            sys_only = (lambda kind: kind if sampler == "systematic" else "auto")
+            for score, tile in (("mma", "auto"), ("mma", sys_only("warp")), ("mma", sys_only("warp_staged")),
+                                ("mma", sys_only("warp_mma")), ("mma_ring", sys_only("warp"))):
                 DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                            budget=budget, block_n=64, tiles_per_warp=runs, score_kernel=score,
                            tile_kernel=tile).run(q, k, v, lengths)
