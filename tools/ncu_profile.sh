@@ -10,7 +10,7 @@ SEC="$SEC --section WarpStateStats --section SchedulerStats --section ComputeWor
 if [ $# -eq 0 ]; then
   set -- "dense 1 32768" "dense 16 32768" \
          "santa-global-systematic-256 1 32768" "santa-global-systematic-256 16 32768" \
-         "santa-global-systematic-256 1 32768 --kernel mma_ring" \
+         "santa-fixed-systematic-2048 16 32768" \
          "santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged"
 fi
 for case in "$@"; do

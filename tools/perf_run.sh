@@ -9,11 +9,11 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT" /tmp/perf
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 SKIP_BENCH=1 bash tools/gpu_check.sh "${1:-}" 2>&1 | tail -12
-M=${METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-mma_ring,santa-fixed-systematic-2048,santa-fixed-systematic-2048-mma_ring,torch-cudnn}
+M=${METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,santa-fixed-systematic-2048-staged,torch-cudnn}
 timeout ${BENCH_TIMEOUT:-240} python3 bench.py kernels --shape ${SHAPES:-llama8b} --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
   --methods "$M" --json /tmp/perf/bench.json --markdown /tmp/perf/bench.md 2>/tmp/perf/bench.err | tail -40
 tail -2 /tmp/perf/bench.err
-SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-mma_ring,santa-fixed-systematic-2048}
+SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048}
 timeout 60 python3 bench.py stages --batch 1 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b1.md
 timeout 60 python3 bench.py stages --batch 16 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b16.md
 if [ -z "${SKIP_E2E:-}" ]; then
