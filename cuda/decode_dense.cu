@@ -21,6 +21,7 @@
 #include "stream.cuh"
 #include "async_copy.cuh"
 #include "mma.cuh"
+#include "merge.cuh"
 
 #define SC_LOG2E 1.4426950408889634f
 #define SC_LN2 0.6931471805599453f
@@ -334,7 +335,9 @@ template <typename T, int D, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                  const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
-                 i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+                 i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
+                 unsigned* __restrict__ merge_counters, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ spread) {
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
     using State = MmaDenseState<T, D, G>;
@@ -400,4 +403,14 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     }
     __syncthreads();
     write_split_partials<D, G, kWarps>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
+    if (merge_counters == nullptr) return;                 // santa_merge runs next
+    // The group's own merge: the last of its splits holding rows (ceil(n / part_rows)) merges the
+    // G heads, a warp per head, from the partials the others left in L2.
+    const int n = seq_len(lengths, b, L_max);
+    const int active = (n + part_rows - 1) / part_rows;
+    if (!block_arrives_last(merge_counters + b * KVH + g, (unsigned)active)) return;
+    for (int h = warp; h < G; h += kWarps) {
+        const i64 bh = b * H + (i64)g * G + h;
+        warp_merge_dense_head<T, D>(part_o + bh * n_splits * D, part_s + bh * n_splits, active, bh, out, lse, spread);
+    }
 }

@@ -12,6 +12,7 @@
 // summing o_stride parts (kinds 2 and 3 from santa_tile_warp's chunks; 1 otherwise); the stats (m, l)
 // of every part still give the log-sum-exp.
 #include "common.cuh"
+#include "merge.cuh"
 
 #define SC_MERGE_DENSE 0
 #define SC_MERGE_FIXED 1
@@ -19,13 +20,6 @@
 #define SC_MERGE_WEIGHTED 3
 
 #define SC_MERGE_THREADS 512
-
-// Online (max, sum) pair: the log-sum-exp of parts seen so far is m + log z.
-__device__ __forceinline__ void lse_push(float& m, float& z, float m_p, float z_p) {
-    if (z_p <= 0.f) return;
-    if (m_p > m) { z = z * __expf(m - m_p) + z_p; m = m_p; }
-    else z += z_p * __expf(m_p - m);
-}
 
 // Block-wide combine of the (m, z) pairs; every thread gets the result.
 __device__ __forceinline__ void block_lse(float& m, float& z, float* red_m, float* red_z) {

@@ -4,7 +4,8 @@ NumPy inputs run the float64 reference (santa_cupy.reference); CuPy inputs (or a
 speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ through a DecodePlan.
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
-  dense:  decode_dense_partial (split-KV) -> santa_merge
+  dense:  decode_dense_mma (split-KV; the last block of each KV group merges), or decode_dense_partial
+          (split-KV) -> santa_merge
   santa, warp pass 2 (systematic sampler, G <= 8; every budget):
         santa_score (stash + tile stats) -> santa_prefix -> santa_tile_warp -> santa_merge
   santa, block pass 2 (other samplers or G > 8):
@@ -182,6 +183,10 @@ class DecodePlan:
             self._merge_kind = kernels.MERGE_SUM
         else:
             self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
+        # v4 dense merges in its own last block per KV group (one launch): a counter per (b, KV head),
+        # zero between launches
+        self.dense_merges_itself = method == "dense" and self.dense_kernel == "mma"
+        self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
         else:
@@ -256,11 +261,9 @@ class DecodePlan:
         out = self._output(out)
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B),
-                           (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
-                            i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
-                           kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
-            self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
+            self._dense(q, k_cache, v_cache, lengths, out)
+            if not self.dense_merges_itself:
+                self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         self.rows_read.fill(0)
         if self.two_pass:
@@ -277,15 +280,11 @@ class DecodePlan:
         lengths = self._int32_lengths(lengths)
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
-            kernel = self._dense_fn
-            return {
-                f"dense split-KV ({self.dense_kernel})": lambda: kernels.launch(
-                    kernel, (self.P_max, self.KVH, self.B),
-                    (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
-                     i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
-                    kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)),
-                "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows),
-            }
+            split = lambda: self._dense(q, k_cache, v_cache, lengths, self.out)   # noqa: E731
+            if self.dense_merges_itself:
+                return {f"dense split-KV + merge ({self.dense_kernel})": split}
+            return {f"dense split-KV ({self.dense_kernel})": split,
+                    "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows)}
         stages = {}
         if self.two_pass:
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
@@ -328,6 +327,16 @@ class DecodePlan:
         self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
                     self.block_n)
         return out
+
+    def _dense(self, q, k_cache, v_cache, lengths, out):
+        """The split-KV kernel; v4 also merges (its last block per KV group), given the counters."""
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H), i32(self.KVH),
+                i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
+        if self.dense_kernel == "mma":
+            args += (self.merge_counters, out, self.lse, self.spread)
+        kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args,
+                       kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
     def _score_and_prefix(self, q, k_cache, lengths):
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32

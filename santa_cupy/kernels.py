@@ -24,7 +24,8 @@ from santa_cupy import spec
 
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
-    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "santa_sample.cuh",
+    "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "merge.cuh",
+    "santa_sample.cuh",
     "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
 )

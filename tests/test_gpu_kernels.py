@@ -73,6 +73,42 @@ def test_dense_mma_two_row_halves(G):
     assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
 
 
+def test_dense_merges_in_its_last_block():
+    """v4 dense merges in the last block of each KV group to finish (one launch): right for
+    lengths that leave most splits empty or fill them all, its counters back at zero after every
+    call, and the same from a captured graph replayed over new lengths."""
+    import cupy
+    rng = np.random.default_rng(5)
+    L_max = 4000
+    plan = _poisoned_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
+                          method="dense")
+    assert plan.dense_merges_itself and plan.P_max > 4
+    q, k, v, _ = random_inputs(rng, 3, 8, 2, 128, L_max, [L_max] * 3, "bfloat16")
+    qg, kg, vg = to_gpu(q, k, v)
+    lengths = cupy.zeros((3,), cupy.int32)
+
+    def check(lens):
+        ref_o, ref_lse = reference.dense_attention(q, k, v, np.asarray(lens, np.int32))
+        assert rel_l2(_as_float(plan.out), ref_o) < DENSE_TOL["bfloat16"], lens
+        assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
+        assert not plan.merge_counters.get().any(), "merge counters not reset"
+
+    for lens in ([1, L_max, 257], [L_max, 2, L_max - 1]):
+        lengths[...] = cupy.asarray(lens, cupy.int32)
+        plan.run(qg, kg, vg, lengths, validate=False)
+        check(lens)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        plan.run(qg, kg, vg, lengths, validate=False)
+        graph = stream.end_capture()
+    for lens in ([300, 3000, 1], [L_max, L_max, L_max]):
+        lengths.set(np.asarray(lens, np.int32), stream=stream)
+        graph.launch(stream)
+        stream.synchronize()
+        check(lens)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_dense_long_context_100k(dtype):
     rng = np.random.default_rng(7)
