@@ -336,8 +336,8 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                  const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
                  i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
-                 unsigned* __restrict__ merge_counters, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ spread) {
+                 int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
+                 float* __restrict__ lse, float* __restrict__ spread) {
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
     using State = MmaDenseState<T, D, G>;
@@ -403,9 +403,11 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     }
     __syncthreads();
     write_split_partials<D, G, kWarps>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
-    if (merge_counters == nullptr) return;                 // santa_merge runs next
-    // The group's own merge: the last of its splits holding rows (ceil(n / part_rows)) merges the
-    // G heads, a warp per head, from the partials the others left in L2.
+    if (!self_merge) return;                               // santa_merge runs next
+    // self_merge: the last of the group's splits holding rows (ceil(n / part_rows)) merges its G
+    // heads, a warp per head, from the partials the others left in L2. One launch instead of two,
+    // but one warp's serial pass over the splits: the plan asks for it only for a few splits a
+    // group (kernels.DENSE_SELF_MERGE_MAX_SPLITS; BENCHMARKS.md, step 9).
     const int n = seq_len(lengths, b, L_max);
     const int active = (n + part_rows - 1) / part_rows;
     if (!block_arrives_last(merge_counters + b * KVH + g, (unsigned)active)) return;

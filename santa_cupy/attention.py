@@ -183,12 +183,13 @@ class DecodePlan:
             self._merge_kind = kernels.MERGE_SUM
         else:
             self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
-        # v4 dense merges in its own last block per KV group (one launch): a counter per (b, KV head),
-        # zero between launches
-        self.dense_merges_itself = method == "dense" and self.dense_kernel == "mma"
-        self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
+        self.dense_merges_itself = False
         if method == "dense":
             self.part_rows, self.P_max = self._dense_splits()
+            # v4 dense merges in its own last block per KV group (one launch) where a group has few
+            # splits; a counter per (b, KV head), zero between launches
+            self.dense_merges_itself = (self.dense_kernel == "mma"
+                                        and self.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
         else:
             self.P_max = self.T_max
             self.score_tiles_per_split = self._score_splits()
@@ -196,6 +197,7 @@ class DecodePlan:
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
+        self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
         # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
         self.merge_stride = self.tile_tpw if self._warp else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
@@ -259,7 +261,6 @@ class DecodePlan:
         lengths = self._int32_lengths(lengths)
         self._last_lengths = lengths
         out = self._output(out)
-        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
             self._dense(q, k_cache, v_cache, lengths, out)
             if not self.dense_merges_itself:
@@ -278,7 +279,6 @@ class DecodePlan:
         full ``run`` left in the workspaces, so call ``run`` once first."""
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         lengths = self._int32_lengths(lengths)
-        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         if self.method == "dense":
             split = lambda: self._dense(q, k_cache, v_cache, lengths, self.out)   # noqa: E731
             if self.dense_merges_itself:
@@ -334,7 +334,7 @@ class DecodePlan:
         args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H), i32(self.KVH),
                 i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
         if self.dense_kernel == "mma":
-            args += (self.merge_counters, out, self.lse, self.spread)
+            args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread)
         kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 

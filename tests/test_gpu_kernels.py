@@ -74,15 +74,16 @@ def test_dense_mma_two_row_halves(G):
 
 
 def test_dense_merges_in_its_last_block():
-    """v4 dense merges in the last block of each KV group to finish (one launch): right for
-    lengths that leave most splits empty or fill them all, its counters back at zero after every
-    call, and the same from a captured graph replayed over new lengths."""
+    """v4 dense merges in the last block of each KV group to finish (one launch, where a group has
+    <= 8 splits): right for lengths that leave most splits empty or fill them all, its counters
+    back at zero after every call, and the same from a captured graph replayed over new lengths.
+    (Above 8 splits santa_merge runs after it: test_dense_long_context_100k.)"""
     import cupy
     rng = np.random.default_rng(5)
-    L_max = 4000
+    L_max = 2000                                 # <= 8 splits of >= 256 rows
     plan = _poisoned_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
                           method="dense")
-    assert plan.dense_merges_itself and plan.P_max > 4
+    assert plan.dense_merges_itself and 2 < plan.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS
     q, k, v, _ = random_inputs(rng, 3, 8, 2, 128, L_max, [L_max] * 3, "bfloat16")
     qg, kg, vg = to_gpu(q, k, v)
     lengths = cupy.zeros((3,), cupy.int32)
@@ -117,6 +118,8 @@ def test_dense_long_context_100k(dtype):
     ref_o, _ = reference.dense_attention(q, k, v, lens)
     o = decode_attention(*to_gpu(q, k, v, lens), method="dense")
     assert rel_l2(_as_float(o), ref_o) < DENSE_TOL[dtype]
+    assert not DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
+                          method="dense").dense_merges_itself          # v4 + santa_merge above
     plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
                       method="dense", dense_kernel="async")
     assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]

@@ -101,6 +101,24 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
 
 
+def test_dense_self_merge_rule(launches):
+    """v4 dense merges in its last block per KV group up to DENSE_SELF_MERGE_MAX_SPLITS splits a
+    group; above, santa_merge follows it (and the kernel's self_merge flag is 0)."""
+    from santa_cupy import DecodePlan
+
+    params = _kernel_params()["decode_dense_mma"]
+    for L, merges in ((300, True), (60000, False)):
+        q, k, v, lengths = _inputs(L=L)
+        launches.clear()
+        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L, method="dense")
+        plan.run(q, k, v, lengths)
+        assert plan.dense_merges_itself == merges == (plan.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
+        assert [name for name, *_ in launches] == ["decode_dense_mma"] + ([] if merges else ["santa_merge"])
+        args = launches[0][3]
+        assert int(args[params.index("self_merge")]) == merges
+        assert args[params.index("merge_counters")].size == (4 if merges else 1)
+
+
 @pytest.mark.parametrize("method,budget,dense_kernel,expected", CASES)
 def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     from santa_cupy import DecodePlan

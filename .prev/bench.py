@@ -1,0 +1,1055 @@
+"""santa-cupy benchmark harness (SPEC section 7): ``bench kernels`` and ``bench e2e``.
+
+    santa-cupy bench kernels --quick --json bench.json --markdown bench.md
+    santa-cupy bench e2e --context 32k --batch 1 --steps 20
+    (or ``python3 bench.py kernels ...`` / ``python3 bench.py e2e ...``)
+
+kernels: decode attention alone, one DecodePlan per (shape, batch, context, method), timed as a
+captured CUDA graph of many launches over rotating random input buffers (together >= 3x L2), median
+of many replays; the streaming-read and device-copy ceilings are measured in the same run; torch SDPA
+(flash / cudnn / efficient backends) and FlashInfer are the external dense baselines when importable.
+e2e: one whole decode step of a Llama-3.1-8B-shaped model with random fp16 weights and a random KV
+cache, captured as a CUDA graph, dense vs SANTA attention. What is counted is in docs/BENCHMARKS.md.
+
+Everything above the "GPU" line is pure Python/NumPy and tested on CPU (tests/test_bench.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import statistics
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+
+# ---- one table of shapes, one list of methods ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+
+
+SHAPES = {
+    "llama8b": Shape("llama8b", heads=32, kv_heads=8, head_dim=128),
+    "smollm2": Shape("smollm2", heads=9, kv_heads=3, head_dim=64),
+}
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+BUDGETS = ("fixed", "global", "largest_remainder")
+SAMPLERS = ("iid", "stratified", "systematic")
+SAMPLE_COUNTS = (128, 256, 512, 2048)
+TORCH_BACKENDS = ("flash", "cudnn", "efficient")
+KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels); none = "auto"
+# santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
+# the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
+# (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
+# at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
+# = staged and on tensor cores (tile_kernel="warp_mma"), or "mma_ring" = the v4 score pass with its
+# K steps in a shared-memory ring (score_kernel="mma_ring")
+SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring", "block", "tpw1", "warp", "staged", "warpmma")
+DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
+                   "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
+                   "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
+QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
+         "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
+DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
+L2_FACTOR = 3                          # rotating buffers together >= L2_FACTOR x L2
+MAX_COPIES = 64
+
+
+@dataclass(frozen=True)
+class Method:
+    """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend,
+    dense and santa a kernel version in `backend` ("" = the default kernels, "async" = the cp.async
+    ring for dense / for santa's score pass)."""
+
+    kind: str
+    budget: str = ""
+    sampler: str = ""
+    samples: int = 0
+    backend: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.kind == "santa":
+            return f"santa-{self.budget}-{self.sampler}-{self.samples}" + (f"-{self.backend}" if self.backend else "")
+        if self.kind == "torch":
+            return f"torch-{self.backend}"
+        if self.kind == "dense" and self.backend:
+            return f"dense-{self.backend}"
+        return self.kind
+
+    @property
+    def external(self) -> bool:
+        return self.kind in ("torch", "flashinfer")
+
+
+def parse_method(name: str) -> Method:
+    """'dense' | 'dense-async' | 'santa-<budget>-<sampler>-<S>' | 'torch-<backend>' | 'flashinfer' -> Method."""
+    name = name.strip()
+    if name in ("dense", "flashinfer"):
+        return Method(name)
+    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS:
+        return Method("dense", backend=name.removeprefix("dense-"))
+    parts = name.split("-")
+    if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
+        return Method("torch", backend=parts[1])
+    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS):
+        budget, sampler, s = parts[1:4]
+        if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
+            return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
+    raise click.BadParameter(
+        f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged|-warpmma], e.g. santa-global-systematic-256",
+        param_hint="--methods")
+
+
+def method_list(names=None, *, full=False, quick=False, have_torch=False, have_flashinfer=False) -> list[Method]:
+    """The methods of a run. Explicit names win; else --full / --quick / the default grid, with the
+    external baselines that are importable."""
+    if names:
+        return [parse_method(n) for n in names]
+    if full:
+        ours = [Method("dense")] + [Method("santa", b, s, n) for b in BUDGETS for s in SAMPLERS
+                                    for n in SAMPLE_COUNTS]
+        backends = TORCH_BACKENDS
+    elif quick:
+        ours, backends = [parse_method(n) for n in QUICK["methods"]], QUICK["torch_backends"]
+    else:
+        ours, backends = [parse_method(n) for n in DEFAULT_METHODS], TORCH_BACKENDS
+    ext = [Method("torch", backend=b) for b in backends] if have_torch else []
+    if have_flashinfer and not quick:
+        ext.append(Method("flashinfer"))
+    return ours + ext
+
+
+# ---- argument parsing --------------------------------------------------------------------------
+_SUFFIX = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_size(text: str, what: str = "context") -> int:
+    """'32k' -> 32768, '1m' -> 1048576, '8192' -> 8192 (k and m are powers of two)."""
+    t = str(text).strip().lower()
+    mult = _SUFFIX.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in _SUFFIX else t
+    if not digits.isdigit() or int(digits) < 1:
+        raise click.BadParameter(f"{what} must be a positive integer with an optional k/m suffix "
+                                 f"(e.g. 32k), got {text!r}", param_hint=f"--{what}")
+    return int(digits) * mult
+
+
+def parse_list(text: str, what: str, parse=None) -> list:
+    """Comma-separated list; ``parse`` converts each item (default: positive int with k/m suffix)."""
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise click.BadParameter(f"{what} must not be empty", param_hint=f"--{what}")
+    parse = parse or (lambda x: parse_size(x, what))
+    return [parse(x) for x in items]
+
+
+def parse_shape(name: str) -> Shape:
+    if name not in SHAPES:
+        raise click.BadParameter(f"unknown shape {name!r}; choose from {', '.join(SHAPES)}", param_hint="--shape")
+    return SHAPES[name]
+
+
+def expand_grid(shapes, batches, contexts) -> list[tuple[Shape, int, int]]:
+    """Every (shape, batch, context), in that nesting order."""
+    return [(s, b, L) for s in shapes for b in batches for L in contexts]
+
+
+# ---- bytes and derived numbers -------------------------------------------------------------------
+def kv_bytes(shape: Shape, B: int, L: int) -> int:
+    """K + V of all sequences at length L."""
+    return 2 * B * L * shape.kv_heads * shape.head_dim * ITEMSIZE[shape.dtype]
+
+
+def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int | None = None) -> int:
+    """Bytes a decode-attention call must move (see docs/BENCHMARKS.md, "Bytes").
+
+    dense / external: K + V of all B*L rows, plus q read and o written.
+    santa: K in full + rows_read (distinct V rows, summed over b and KV heads) * D * itemsize + q + o,
+    plus, for the two-pass budgets (global, largest_remainder), the fp32 score stash written and
+    read back: B*H*L*4*2. Tile partials and per-tile stats are not counted."""
+    isz, D, H, KVH = ITEMSIZE[shape.dtype], shape.head_dim, shape.heads, shape.kv_heads
+    qo = 2 * B * H * D * isz
+    if method.kind != "santa":
+        return kv_bytes(shape, B, L) + qo
+    if rows_read is None:
+        raise ValueError("santa bytes need rows_read (distinct V rows read, summed over b and KV heads)")
+    k = B * L * KVH * D * isz
+    stash = 0 if method.budget == "fixed" else B * H * L * 4 * 2
+    return k + int(rows_read) * D * isz + qo + stash
+
+
+def copies_for(bytes_per_copy: int, l2_bytes: int, budget_bytes: int) -> int:
+    """How many rotating input copies: enough that they total >= L2_FACTOR x L2, at least 1, at most
+    what fits ``budget_bytes`` (and MAX_COPIES). 0 = not even one copy fits."""
+    if bytes_per_copy > budget_bytes:
+        return 0
+    want = max(1, math.ceil(L2_FACTOR * l2_bytes / bytes_per_copy))
+    return min(want, budget_bytes // bytes_per_copy, MAX_COPIES)
+
+
+def add_derived(rows: list[dict], ceiling_tbps: float | None) -> list[dict]:
+    """Fill tbps, pct_ceiling, x_dense (our dense us / this us), x_external (best external us / this
+    us) per (shape, B, L). Rows without a time (skipped) get None."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["B"], r["L"]), []).append(r)
+    for group in groups.values():
+        timed = [r for r in group if r.get("us")]
+        dense = next((r["us"] for r in timed if r["method"] == "dense"), None)
+        ext = [r["us"] for r in timed if r.get("external")]
+        best_ext = min(ext) if ext else None
+        for r in group:
+            us = r.get("us")
+            r["tbps"] = r["bytes"] / (us * 1e-6) / 1e12 if us and r.get("bytes") else None
+            r["pct_ceiling"] = 100.0 * r["tbps"] / ceiling_tbps if r["tbps"] and ceiling_tbps else None
+            r["x_dense"] = dense / us if us and dense else None
+            r["x_external"] = best_ext / us if us and best_ext else None
+    return rows
+
+
+# ---- formatting ----------------------------------------------------------------------------------
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_context(L: int) -> str:
+    return f"{L // 1024}k" if L % 1024 == 0 else str(L)
+
+
+def _f(x, spec, suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+KERNEL_COLUMNS = ("shape", "method", "B", "L", "µs (median)", "bytes", "TB/s", "% ceiling",
+                  "x our dense", "x best ext", "rows read", "note")
+
+
+def kernel_table(rows: list[dict]) -> str:
+    """Markdown table of kernel rows (after add_derived)."""
+    lines = ["| " + " | ".join(KERNEL_COLUMNS) + " |", "|" + "---|" * len(KERNEL_COLUMNS)]
+    for r in rows:
+        cells = (r["shape"], r["method"], str(r["B"]), fmt_context(r["L"]), _f(r.get("us"), ".1f"),
+                 fmt_bytes(r.get("bytes")), _f(r.get("tbps"), ".2f"), _f(r.get("pct_ceiling"), ".0f", "%"),
+                 _f(r.get("x_dense"), ".2f", "x"), _f(r.get("x_external"), ".2f", "x"),
+                 _f(r.get("rows_frac"), ".2%"), (r.get("note") or "").replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+E2E_COLUMNS = ("method", "B", "context", "ms/token", "tokens/s", "byte floor ms", "% of floor",
+               "x dense", "rows read (last layer)", "note")
+
+
+def e2e_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(E2E_COLUMNS) + " |", "|" + "---|" * len(E2E_COLUMNS)]
+    for r in rows:
+        cells = (r["method"], str(r["B"]), fmt_context(r["L"]), _f(r.get("ms"), ".2f"), _f(r.get("tok_s"), ".1f"),
+                 _f(r.get("floor_ms"), ".2f"), _f(r.get("pct_floor"), ".0f", "%"), _f(r.get("x_dense"), ".2f", "x"),
+                 _f(r.get("rows_frac"), ".2%"), (r.get("note") or "").replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def header_markdown(meta: dict, ceiling: dict | None) -> str:
+    out = [f"# santa-cupy bench {meta.get('command', '')}", ""]
+    for key in ("gpu", "cupy", "torch", "flashinfer", "date", "commit", "timing", "model", "byte_floor_text"):
+        if meta.get(key) is not None:
+            out.append(f"- {key}: {meta[key]}")
+    if ceiling:
+        out.append(f"- streaming read ceiling: {_f(ceiling.get('read_tbps'), '.2f')} TB/s "
+                   f"({fmt_bytes(ceiling.get('read_bytes'))} buffer); device copy: "
+                   f"{_f(ceiling.get('copy_tbps'), '.2f')} TB/s (read + write)")
+    return "\n".join(out) + "\n\n"
+
+
+def run_metadata(command: str) -> dict:
+    """Date and git commit (tolerating no git); GPU fields are added by gpu_metadata()."""
+    commit = os.environ.get("SANTA_CUPY_COMMIT")      # set where the tree has no .git (device copies)
+    if not commit:
+        try:
+            out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 timeout=10, cwd=Path(__file__).resolve().parent)
+            commit = out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {"command": command, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit}
+
+
+def write_outputs(meta, ceiling, rows, table, *, json_path=None, markdown_path=None):
+    text = header_markdown(meta, ceiling) + table
+    click.echo(text)
+    if markdown_path:
+        Path(markdown_path).write_text(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"meta": meta, "ceiling": ceiling, "rows": rows}, indent=1,
+                                              default=str))
+
+
+def _log(msg):
+    click.echo(msg, err=True)
+
+
+# =================================== GPU (needs CuPy) ===========================================
+def _cupy():
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception as exc:  # ImportError, or no driver/device
+        raise click.ClickException(f"the benchmarks need CuPy and a CUDA GPU ({type(exc).__name__}: {exc})")
+
+
+def _optional_torch():
+    try:
+        import torch
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def _optional_flashinfer():
+    try:
+        import flashinfer
+        return flashinfer
+    except Exception:
+        return None
+
+
+def gpu_metadata(cp, torch=None) -> dict:
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return {"gpu": name, "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
+            "l2_bytes": int(props.get("l2CacheSize", 0)) or DEFAULT_L2_BYTES,
+            "sms": int(props["multiProcessorCount"])}
+
+
+STREAM_READ_SRC = r"""
+extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n, unsigned int* out) {
+    unsigned int acc = 0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {          // 4 independent 16-byte loads in flight
+        uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+        acc += (a.x ^ b.y) + (c.z ^ d.w) + (a.y ^ b.z) + (c.w ^ d.x) + (a.z ^ b.w) + (c.x ^ d.y) + (a.w ^ b.x) + (c.y ^ d.z);
+    }
+    for (; i < n; i += stride) { uint4 a = p[i]; acc += a.x ^ a.y ^ a.z ^ a.w; }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);      // keeps every load live
+}
+"""
+
+
+def _event_median_us(cp, fn, stream, repeats=20, warmup=3, inner=1):
+    for _ in range(warmup):
+        fn()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record(stream)
+        for _ in range(inner):
+            fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / inner)
+    return statistics.median(times)
+
+
+def measure_ceiling(cp, read_bytes=4 << 30, copy_bytes=2 << 30) -> dict:
+    """Streaming read (own kernel, 16-byte loads, grid-stride, reduction) and device-to-device copy
+    (cudaMemcpyAsync; read + write counted), in TB/s. Best over a few grid sizes for the read."""
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    kernel = cp.RawKernel(STREAM_READ_SRC, "stream_read")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        buf = cp.arange(read_bytes // 4, dtype=cp.uint32)          # never zeros
+        out = cp.zeros((1,), cp.uint32)
+        n16 = read_bytes // 16
+        best = None
+        for blocks_per_sm, threads in ((2, 1024), (4, 512), (8, 256), (16, 256)):
+            us = _event_median_us(cp, lambda: kernel((sms * blocks_per_sm,), (threads,), (buf, cp.int64(n16), out)),
+                                  stream, repeats=10)
+            if best is None or us < best[0]:
+                best = (us, blocks_per_sm, threads)
+        del buf
+        src = cp.arange(copy_bytes // 4, dtype=cp.uint32)
+        dst = cp.empty_like(src)
+        copy_us = _event_median_us(cp, lambda: dst.data.copy_from_device_async(src.data, copy_bytes, stream),
+                                   stream, repeats=10)
+        del src, dst
+    stream.synchronize()
+    cp.get_default_memory_pool().free_all_blocks()
+    return {"read_tbps": read_bytes / (best[0] * 1e-6) / 1e12, "read_bytes": read_bytes,
+            "read_launch": f"{best[1]} blocks/SM x {best[2]} threads",
+            "copy_tbps": 2 * copy_bytes / (copy_us * 1e-6) / 1e12, "copy_bytes": copy_bytes}
+
+
+def random_array(cp, shape, dtype, scale=1.0, chunk=1 << 27):
+    """Random normal values (never zeros) of a storage dtype: bfloat16 -> uint16 bit patterns
+    (float32 truncated), float16, float32. Generated in chunks to bound the float32 temporary."""
+    out = cp.empty(shape, dtype=cp.uint16 if dtype == "bfloat16" else dtype)
+    flat = out.reshape(-1)
+    for i in range(0, flat.size, chunk):
+        x = cp.random.standard_normal(min(chunk, flat.size - i), dtype=cp.float32)
+        if scale != 1.0:
+            x *= scale
+        flat[i:i + x.size] = (x.view(cp.uint32) >> 16).astype(cp.uint16) if dtype == "bfloat16" else x.astype(dtype)
+    return out
+
+
+def time_cupy_graph(cp, fns, n_inner, repeats, warmup=3):
+    """Median µs per call of fns[i % len(fns)] (i < n_inner), captured as one CUDA graph on a
+    non-default stream and replayed; eager launches timed with events if capture fails.
+    -> (µs, "graph" | "eager: <why>")."""
+    cp.cuda.Device().synchronize()                       # inputs were made on the default stream
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for f in fns:                                    # compile, set smem limits, fill pools
+            f()
+        stream.synchronize()
+        mode, graph = "graph", None
+        try:
+            stream.begin_capture()
+            try:
+                for i in range(n_inner):
+                    fns[i % len(fns)]()
+            finally:
+                graph = stream.end_capture()
+            run = lambda: graph.launch(stream)  # noqa: E731
+        except Exception as exc:
+            mode = f"eager: capture failed ({type(exc).__name__}: {str(exc)[:80]})"
+
+            def run():
+                for i in range(n_inner):
+                    fns[i % len(fns)]()
+        us = _event_median_us(cp, run, stream, repeats=repeats, warmup=warmup) / n_inner
+    return us, mode
+
+
+def time_torch_graph(torch, fns, n_inner, repeats, warmup=3):
+    """As time_cupy_graph, with torch.cuda.CUDAGraph and torch.cuda.Event."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    mode = "graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(n_inner):
+                fns[i % len(fns)]()
+        run = graph.replay
+    except Exception as exc:
+        torch.cuda.synchronize()
+        mode = f"eager: capture failed ({type(exc).__name__}: {str(exc)[:80]})"
+
+        def run():
+            for i in range(n_inner):
+                fns[i % len(fns)]()
+    for _ in range(warmup):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / n_inner)
+    return statistics.median(times), mode
+
+
+def make_inputs(cp, shape: Shape, B: int, L: int, n: int) -> list[tuple]:
+    """n rotating copies of (q [B,H,D], k [B,L,KVH,D], v [B,L,KVH,D]) of random normal data."""
+    out = []
+    for _ in range(n):
+        q = random_array(cp, (B, shape.heads, shape.head_dim), shape.dtype)
+        k = random_array(cp, (B, L, shape.kv_heads, shape.head_dim), shape.dtype)
+        v = random_array(cp, (B, L, shape.kv_heads, shape.head_dim), shape.dtype)
+        out.append((q, k, v))
+    return out
+
+
+def our_plan(method: Method, shape: Shape, B: int, L: int):
+    """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
+    from santa_cupy import DecodePlan
+
+    if method.kind == "dense":
+        kw = dict(method="dense", dense_kernel=method.backend or "auto")
+    else:
+        kw = dict(method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
+        if method.backend == "block":
+            kw["tile_kernel"] = "block"
+        elif method.backend == "tpw1":
+            kw["tiles_per_warp"] = 1
+        elif method.backend == "warp":
+            kw["tile_kernel"] = "warp"
+        elif method.backend == "staged":
+            kw["tile_kernel"] = "warp_staged"
+        elif method.backend == "warpmma":
+            kw["tile_kernel"] = "warp_mma"
+        elif method.backend:
+            kw["score_kernel"] = method.backend
+    return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                      max_length=L, dtype=shape.dtype, **kw)
+
+
+def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner, repeats) -> dict:
+    """One DecodePlan; plan.run(q, k, v, lengths, validate=False) over the rotating inputs. The RNG
+    step is NOT advanced inside the timed graph (each input copy draws its own samples anyway)."""
+    plan = our_plan(method, shape, B, L)
+    lengths = cp.full((B,), L, dtype=cp.int32)
+    fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False) for q, k, v in inputs]
+    us, mode = time_cupy_graph(cp, fns, n_inner, repeats)
+    rows_read = None
+    if method.kind == "santa":
+        q, k, v = inputs[0]
+        plan.run(q, k, v, lengths, validate=False)
+        rows_read = int(plan.info().rows_read.sum())     # int() syncs the default stream
+    return {"us": us, "timing": mode, "rows_read": rows_read,
+            "rows_frac": rows_read / (B * L * shape.kv_heads) if rows_read is not None else 1.0}
+
+
+TORCH_BACKEND_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def torch_inputs(torch, inputs, shape: Shape, repeat_kv: int = 1):
+    """Our copies -> torch q [B,H,1,D], k/v [B,KVH*repeat,L,D] (transposed/copied once, outside any
+    timing). bf16 goes through int16 so that DLPack and .view(bfloat16) are both plain."""
+    tdt = torch.bfloat16 if shape.dtype == "bfloat16" else getattr(torch, shape.dtype)
+
+    def conv(a):
+        if shape.dtype == "bfloat16":
+            a = a.view("int16")
+        return torch.from_dlpack(a).view(tdt)
+
+    out = []
+    for q, k, v in inputs:
+        tk, tv = (conv(x).transpose(1, 2).contiguous() for x in (k, v))
+        if repeat_kv > 1:
+            tk, tv = tk.repeat_interleave(repeat_kv, dim=1), tv.repeat_interleave(repeat_kv, dim=1)
+        out.append((conv(q).unsqueeze(2), tk, tv))
+    return out
+
+
+def bench_torch(torch, cp, method: Method, shape: Shape, B, L, inputs, n_inner, repeats, budget_bytes, l2) -> dict:
+    """torch SDPA with one backend; enable_gqa=True, else KV heads repeated outside the timing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    backend = getattr(SDPBackend, TORCH_BACKEND_ENUM[method.backend])
+    cp.cuda.Device().synchronize()
+    G = shape.heads // shape.kv_heads
+    attempts = [(True, 1)] + ([(False, G)] if G > 1 else [])
+    errors = []
+    for gqa, rep in attempts:
+        n = copies_for(kv_bytes(shape, B, L) * rep, l2, budget_bytes) if rep > 1 else len(inputs)
+        if n == 0:
+            errors.append(f"repeated KV does not fit {fmt_bytes(budget_bytes)}")
+            continue
+        try:
+            tins = torch_inputs(torch, inputs[:n], shape, rep)
+            kw = {"enable_gqa": True} if gqa else {}
+            with sdpa_kernel(backend):
+                fns = [lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, **kw) for q, k, v in tins]
+                fns[0]()
+                torch.cuda.synchronize()
+                us, mode = time_torch_graph(torch, fns, n_inner, repeats)
+            note = "enable_gqa" if gqa else f"KV repeated x{rep} outside timing (reads {rep}x bytes)"
+            return {"us": us, "timing": mode, "note": note}
+        except Exception as exc:
+            errors.append(f"{'enable_gqa' if gqa else 'repeat_kv'}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        finally:
+            tins = fns = None
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    return {"us": None, "note": "skipped: " + "; ".join(errors)}
+
+
+def bench_flashinfer(torch, flashinfer, cp, shape: Shape, B, L, inputs, n_inner, repeats) -> dict:
+    """FlashInfer batch decode, our [B, L, KVH, D] cache seen as B pages of L rows (NHD), zero copy."""
+    try:
+        tdt = torch.bfloat16
+
+        def conv(a):
+            return torch.from_dlpack(a.view("int16")).view(tdt)
+
+        dev = torch.device("cuda")
+        ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        indptr = torch.arange(B + 1, dtype=torch.int32, device=dev)
+        indices = torch.arange(B, dtype=torch.int32, device=dev)
+        last = torch.full((B,), L, dtype=torch.int32, device=dev)
+        wrapper.plan(indptr, indices, last, shape.heads, shape.kv_heads, shape.head_dim, L,
+                     q_data_type=tdt, kv_data_type=tdt)
+        tins = [(conv(q), conv(k), conv(v)) for q, k, v in inputs]
+        fns = [lambda q=q, k=k, v=v: wrapper.run(q, (k, v)) for q, k, v in tins]
+        cp.cuda.Device().synchronize()
+        us, mode = time_torch_graph(torch, fns, n_inner, repeats)
+        return {"us": us, "timing": mode, "note": f"flashinfer {getattr(flashinfer, '__version__', '?')}"}
+    except Exception as exc:
+        return {"us": None, "note": f"skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+
+
+def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_bytes, n_inner, repeats) -> list[dict]:
+    """All methods of one (shape, B, L) on the same rotating inputs."""
+    base = {"shape": shape.name, "B": B, "L": L}
+    n = copies_for(kv_bytes(shape, B, L), l2, budget_bytes)
+    if n == 0:
+        return [dict(base, method=m.name, external=m.external, bytes=None, us=None,
+                     note=f"skipped: K+V {fmt_bytes(kv_bytes(shape, B, L))} > --mem-gb") for m in methods]
+    inputs = make_inputs(cp, shape, B, L, n)
+    n_inner = n * math.ceil(n_inner / n)       # every copy equally often in one graph
+    rows = []
+    for m in methods:
+        row = dict(base, method=m.name, external=m.external, copies=n, inner=n_inner)
+        try:
+            if m.kind in ("dense", "santa"):
+                row.update(bench_ours(cp, m, shape, B, L, inputs, n_inner, repeats))
+            elif m.kind == "torch" and torch is not None:
+                row.update(bench_torch(torch, cp, m, shape, B, L, inputs, n_inner, repeats, budget_bytes, l2))
+            elif m.kind == "flashinfer" and flashinfer is not None and torch is not None:
+                row.update(bench_flashinfer(torch, flashinfer, cp, shape, B, L, inputs, n_inner, repeats))
+            else:
+                row.update(us=None, note=f"skipped: {m.kind} not importable")
+        except Exception as exc:
+            row.update(us=None, note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        have_rows = m.kind != "santa" or row.get("rows_read") is not None
+        row["bytes"] = attention_bytes(m, shape, B, L, row.get("rows_read")) if have_rows else None
+        if row.get("timing", "graph") != "graph":
+            row["note"] = ((row.get("note") or "") + " " + row["timing"]).strip()
+        rows.append(row)
+    del inputs
+    cp.cuda.Device().synchronize()
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def plot_rows(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _log("matplotlib is not installed: no plot (pip install matplotlib)")
+        return
+    panels = sorted({(r["shape"], r["B"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (shape, B) in zip(axes[0], panels):
+        for m in dict.fromkeys(r["method"] for r in rows):
+            pts = sorted((r["L"], r["us"]) for r in rows if (r["shape"], r["B"], r["method"]) == (shape, B, m) and r.get("us"))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        ax.set(xscale="log", yscale="log", xlabel="context", ylabel="µs", title=f"{shape} B={B}")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _log(f"plot written to {path}")
+
+
+# ---- click ---------------------------------------------------------------------------------------
+@click.group("bench", context_settings={"help_option_names": ["-h", "--help"]})
+def bench():
+    """Benchmarks: decode-attention kernels and end-to-end decode (GPU, CuPy)."""
+
+
+@bench.command("kernels")
+@click.option("--batch", default="1,4,16", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--context", default="8k,32k,128k", show_default=True, help="Comma-separated context lengths (k = 1024).")
+@click.option("--shape", "shapes", default="llama8b", show_default=True, help=f"Comma-separated: {', '.join(SHAPES)}.")
+@click.option("--methods", default=None, help="Comma-separated methods (dense, santa-<budget>-<sampler>-<S>, "
+              "torch-<flash|cudnn|efficient>, flashinfer). Default: dense, santa-global-systematic-256, "
+              "santa-fixed-systematic-2048, torch SDPA backends and flashinfer when importable.")
+@click.option("--full", is_flag=True, help="The whole method grid (3 budgets x 3 samplers x S in 128/256/512/2048).")
+@click.option("--quick", is_flag=True, help="llama8b, batch 1 and 16, context 32k, dense / two santa / torch flash+cudnn.")
+@click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True, help="Timed graph replays (median).")
+@click.option("--inner", type=click.IntRange(min=1), default=20, show_default=True, help="Launches per captured graph.")
+@click.option("--mem-gb", type=click.FloatRange(min=1), default=20.0, show_default=True,
+              help="Budget for the rotating K/V copies of one configuration (torch copies come on top).")
+@click.option("--no-ceiling", is_flag=True, help="Skip the streaming-read / copy ceiling measurement.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG plot (needs matplotlib).")
+def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner, mem_gb, no_ceiling,
+                    json_path, markdown_path, plot_path):
+    """Decode-attention kernels vs our dense and external dense baselines."""
+    if full and quick:
+        raise click.UsageError("--full and --quick exclude each other")
+    shape_list = parse_list(shapes, "shape", parse_shape)
+    batches, contexts = parse_list(batch, "batch"), parse_list(context, "context")
+    if quick:
+        shape_list, batches, contexts = [SHAPES[s] for s in QUICK["shapes"]], list(QUICK["batches"]), list(QUICK["contexts"])
+    names = parse_list(methods, "methods", str) if methods else None
+    for n in names or ():
+        parse_method(n)                   # argument errors before touching the GPU
+    cp = _cupy()
+    torch, flashinfer = _optional_torch(), _optional_flashinfer()
+    method_objs = method_list(names, full=full, quick=quick, have_torch=torch is not None,
+                              have_flashinfer=flashinfer is not None)
+    meta = dict(run_metadata("kernels"), **gpu_metadata(cp, torch),
+                timing=f"CUDA graph of >= {inner} launches over rotating inputs (>= {L2_FACTOR}x L2), "
+                       f"median of {repeats} replays")
+    meta["flashinfer"] = getattr(flashinfer, "__version__", None) if flashinfer else None
+    ceiling = None
+    if not no_ceiling:
+        _log("measuring the streaming-read and copy ceilings ...")
+        ceiling = measure_ceiling(cp)
+    grid = expand_grid(shape_list, batches, contexts)
+    rows = []
+    with click.progressbar(grid, label="kernels", file=sys.stderr,
+                           item_show_func=lambda c: c and f"{c[0].name} B={c[1]} L={fmt_context(c[2])}") as bar:
+        for shape, B, L in bar:
+            rows += bench_config(cp, torch, flashinfer, shape, B, L, method_objs, l2=meta["l2_bytes"],
+                                 budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats)
+    add_derived(rows, ceiling and ceiling["read_tbps"])
+    write_outputs(meta, ceiling, rows, kernel_table(rows), json_path=json_path, markdown_path=markdown_path)
+    if plot_path:
+        plot_rows(rows, plot_path)
+
+
+def stage_rows(cp, shape, B, L, method: Method, *, l2, budget_bytes, n_inner, repeats) -> list[dict]:
+    """µs of each pipeline stage of one of our methods alone (DecodePlan.stage_launchers), on the
+    same rotating inputs as `kernels`, plus the whole call for comparison."""
+    n = copies_for(kv_bytes(shape, B, L), l2, budget_bytes)
+    if n == 0:
+        raise click.UsageError(f"K+V {fmt_bytes(kv_bytes(shape, B, L))} > --mem-gb")
+    inputs = make_inputs(cp, shape, B, L, n)
+    n_inner = n * math.ceil(n_inner / n)
+    plan = our_plan(method, shape, B, L)
+    lengths = cp.full((B,), L, dtype=cp.int32)
+    whole = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False) for q, k, v in inputs]
+    us, _ = time_cupy_graph(cp, whole, n_inner, repeats)
+    rows = [{"stage": "whole call", "us": us}]
+    per_copy = [plan.stage_launchers(q, k, v, lengths) for q, k, v in inputs]
+    for name in per_copy[0]:
+        fns = [stages[name] for stages in per_copy]
+        us, _ = time_cupy_graph(cp, fns, n_inner, repeats)
+        rows.append({"stage": name, "us": us})
+    total = sum(r["us"] for r in rows[1:])
+    for r in rows:
+        r["share"] = r["us"] / total if total else None
+    return rows
+
+
+def stage_table(title: str, rows: list[dict]) -> str:
+    lines = [f"### {title}", "", "| stage | µs | share of the sum of stages |", "|---|---|---|"]
+    for r in rows:
+        share = "-" if r["stage"] == "whole call" or r["share"] is None else f"{100 * r['share']:.0f}%"
+        lines.append(f"| {r['stage']} | {r['us']:.1f} | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+@bench.command("stages")
+@click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--context", default="32k", show_default=True)
+@click.option("--shape", "shape_name", default="llama8b", show_default=True, help=f"One of: {', '.join(SHAPES)}.")
+@click.option("--methods", default="dense,dense-async,santa-global-systematic-256,santa-global-systematic-256-async,"
+              "santa-fixed-systematic-2048",
+              show_default=True, help="Comma-separated methods of ours.")
+@click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True)
+@click.option("--inner", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--mem-gb", type=click.FloatRange(min=1), default=20.0, show_default=True)
+def stages_command(batch, context, shape_name, methods, repeats, inner, mem_gb):
+    """Time each stage of our kernels' pipelines alone (where the time goes)."""
+    shape = parse_shape(shape_name)
+    L = parse_size(context)
+    method_objs = [parse_method(n) for n in parse_list(methods, "methods", str)]
+    for m in method_objs:
+        if m.external:
+            raise click.BadParameter(f"{m.name} is not one of ours", param_hint="--methods")
+    cp = _cupy()
+    l2 = gpu_metadata(cp, None)["l2_bytes"]
+    for m in method_objs:
+        rows = stage_rows(cp, shape, batch, L, m, l2=l2, budget_bytes=int(mem_gb * 1e9), n_inner=inner,
+                          repeats=repeats)
+        click.echo(stage_table(f"{m.name}, {shape.name}, B={batch}, L={fmt_context(L)}", rows))
+
+
+# =================================== end to end ==================================================
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int = 32
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    intermediate: int = 14336
+    vocab: int = 128256
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+
+
+LLAMA8B_MODEL = ModelShape()
+E2E_ITEMSIZE = 2  # fp16 weights and KV cache (cuBLAS fp16 GEMMs; CuPy has no bf16 matmul)
+
+
+def e2e_bytes(m: ModelShape, B: int, L: int) -> dict:
+    """Byte floor of one decode step: every weight read once (layers + final norm + lm_head; one
+    embedding row per sequence), and K + V of every layer at length L."""
+    d, HD, KD = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim
+    per_layer = (d * (HD + 2 * KD) + HD * d + 2 * d * m.intermediate + m.intermediate * d) * E2E_ITEMSIZE + 2 * d * 4
+    weights = m.layers * per_layer + m.vocab * d * E2E_ITEMSIZE + d * 4 + B * d * E2E_ITEMSIZE
+    kv = m.layers * 2 * B * L * KD * E2E_ITEMSIZE
+    return {"weights": weights, "kv": kv, "total": weights + kv}
+
+
+def e2e_memory(m: ModelShape, B: int, L_max: int) -> int:
+    """Device memory of the random model: weights incl. embedding, KV cache, rotary tables."""
+    return (e2e_bytes(m, B, L_max)["total"] + m.vocab * m.hidden * E2E_ITEMSIZE
+            + L_max * m.head_dim * 4)
+
+
+def e2e_derived(rows: list[dict], ceiling_tbps: float | None, floor_bytes: int) -> list[dict]:
+    dense = next((r["ms"] for r in rows if r["method"] == "dense" and r.get("ms")), None)
+    for r in rows:
+        ms = r.get("ms")
+        r["tok_s"] = r["B"] * 1000.0 / ms if ms else None
+        r["floor_ms"] = floor_bytes / (ceiling_tbps * 1e12) * 1e3 if ceiling_tbps else None
+        r["pct_floor"] = 100.0 * r["floor_ms"] / ms if ms and r["floor_ms"] else None
+        r["x_dense"] = dense / ms if ms and dense else None
+    return rows
+
+
+class RandomLlama:
+    """Llama-shaped decoder with random fp16 weights and a random fp16 KV cache, all on the GPU.
+
+    step(): embed -> per layer [RMSNorm, QKV GEMM, rotary on q/k at the current position, K/V
+    append, attention via one DecodePlan (layer=i), O GEMM, RMSNorm, gate/up GEMM, SiLU*up, down GEMM]
+    -> final norm -> lm_head -> argmax fed back as the next token; positions += 1 and
+    plan.advance() on device. No host sync, so the step is captured as a CUDA graph. GEMMs go through
+    llama_min's capturable cuBLAS wrapper (CuPy refuses its own cuBLAS calls during stream capture)."""
+
+    def __init__(self, cp, m: ModelShape, B: int, L: int, L_max: int):
+        self.cp, self.m, self.B, self.L, self.L_max = cp, m, B, L, L_max
+        d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
+
+        def w(rows, cols):
+            return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
+
+        self.embed, self.lm_head = w(m.vocab, d), w(m.vocab, d)
+        self.norm = cp.ones((d,), cp.float32)
+        self.layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w(HD + 2 * KD, d), "wo": w(d, HD),
+                        "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w(2 * I, d), "w_down": w(d, I)}
+                       for _ in range(m.layers)]
+        shape = (B, L_max, m.kv_heads, m.head_dim)
+        self.k = [random_array(cp, shape, "float16") for _ in range(m.layers)]
+        self.v = [random_array(cp, shape, "float16") for _ in range(m.layers)]
+        inv = 1.0 / (m.rope_theta ** (cp.arange(0, m.head_dim, 2, dtype=cp.float64) / m.head_dim))
+        ang = cp.arange(L_max, dtype=cp.float64)[:, None] * inv[None, :]
+        self.cos, self.sin = cp.cos(ang).astype(cp.float32), cp.sin(ang).astype(cp.float32)
+        self.tokens = cp.ones((B,), cp.int32)
+        self.pos = cp.full((B,), L, cp.int32)
+        self.rows = cp.arange(B)
+        self.gemm = lambda x, w: x @ w.T  # replaced by the capturable GEMM in capture()
+
+    def reset(self):
+        self.pos.fill(self.L)
+        self.tokens.fill(1)
+
+    def _rmsnorm(self, x, w):
+        cp = self.cp
+        return (x * cp.reciprocal(cp.sqrt((x * x).mean(-1, keepdims=True) + self.m.eps)) * w).astype(cp.float16)
+
+    @staticmethod
+    def _rope(x, cos, sin):                  # x [B, n, D] f32; cos/sin [B, 1, D/2]; rotate_half
+        h = x.shape[-1] // 2
+        out = x.copy()
+        out[..., :h] = x[..., :h] * cos - x[..., h:] * sin
+        out[..., h:] = x[..., h:] * cos + x[..., :h] * sin
+        return out
+
+    def step(self, plan):
+        cp, m, B = self.cp, self.m, self.B
+        H, KVH, D = m.heads, m.kv_heads, m.head_dim
+        f32, f16 = cp.float32, cp.float16
+        x = self.embed[self.tokens].astype(f32)
+        cos, sin = self.cos[self.pos][:, None, :], self.sin[self.pos][:, None, :]
+        lens = self.pos + 1
+        for i, lw in enumerate(self.layers):
+            qkv = self.gemm(self._rmsnorm(x, lw["attn_norm"]), lw["wqkv"]).astype(f32)
+            q = self._rope(qkv[:, :H * D].reshape(B, H, D), cos, sin).astype(f16)
+            k = self._rope(qkv[:, H * D:(H + KVH) * D].reshape(B, KVH, D), cos, sin).astype(f16)
+            self.k[i][self.rows, self.pos] = k
+            self.v[i][self.rows, self.pos] = qkv[:, (H + KVH) * D:].reshape(B, KVH, D).astype(f16)
+            o = plan.run(q, self.k[i], self.v[i], lens, layer=i, validate=False)
+            x = x + self.gemm(o.reshape(B, H * D), lw["wo"]).astype(f32)
+            gu = self.gemm(self._rmsnorm(x, lw["mlp_norm"]), lw["w_gu"]).astype(f32)
+            g, u = gu[:, :m.intermediate], gu[:, m.intermediate:]
+            a = (g / (1.0 + cp.exp(-g)) * u).astype(f16)
+            x = x + self.gemm(a, lw["w_down"]).astype(f32)
+        logits = self.gemm(self._rmsnorm(x, self.norm), self.lm_head)
+        self.tokens[...] = cp.argmax(logits, axis=1).astype(cp.int32)
+        self.pos += 1
+        plan.advance()
+        return logits
+
+    def make_plan(self, method: Method):
+        from santa_cupy import DecodePlan
+
+        kw = dict(method="dense") if method.kind == "dense" else dict(
+            method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
+        return DecodePlan(batch=self.B, heads=self.m.heads, kv_heads=self.m.kv_heads, head_dim=self.m.head_dim,
+                          max_length=self.L_max, dtype="float16", **kw)
+
+    def capture(self, plan, use_graph=True):
+        """-> (run(), stream, mode). One eager warm-up step, then a captured step (private pool)."""
+        cp = self.cp
+        cp.cuda.Device().synchronize()            # weights/KV/reset ran on the default stream
+        stream = cp.cuda.Stream(non_blocking=True)
+        pool = cp.cuda.MemoryPool()
+        gemm_obj = None
+        if use_graph:
+            try:
+                from llama_min.model import _CublasGemm
+                gemm_obj = _CublasGemm(stream)
+            except Exception as exc:
+                _log(f"no capturable GEMM ({type(exc).__name__}: {exc}); timing eager steps")
+                use_graph = False
+        self.gemm = gemm_obj if gemm_obj is not None else (lambda x, w: x @ w.T)
+        with cp.cuda.using_allocator(pool.malloc), stream:
+            self.step(plan)                       # compiles kernels, fills the private pool
+            stream.synchronize()
+            if not use_graph:
+                return (lambda: self.step(plan)), stream, "eager", (pool, gemm_obj)
+            stream.begin_capture()
+            try:
+                self.step(plan)
+            finally:
+                graph = stream.end_capture()
+        return (lambda: graph.launch(stream)), stream, "graph", (pool, gemm_obj, graph)
+
+
+def time_steps(cp, run, stream, steps, warmup):
+    """Median and min ms of single decode steps (each timed with its own events)."""
+    for _ in range(warmup):
+        run()
+    times = []
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(steps):
+        start.record(stream)
+        run()
+        end.record(stream)
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times), min(times)
+
+
+def _e2e_checkpoint(cp, path, B, L, steps, warmup, methods):
+    """A real checkpoint through llama_min (GraphDecoder); the KV cache is filled with random data
+    instead of a prefill of L tokens."""
+    try:
+        from llama_min.model import AttentionConfig, GraphDecoder, LlamaModel
+    except ImportError as exc:
+        raise click.ClickException(f"--model needs llama_min.model.LlamaModel/GraphDecoder ({exc}); "
+                                   "not yet supported in this checkout")
+    model = LlamaModel.from_pretrained(path, device="gpu")
+    cfg = model.cfg
+    cache = model.new_cache(B, L + steps + warmup + 8)
+    for layer in range(cfg.num_hidden_layers):
+        for kv in (cache.k[layer], cache.v[layer]):
+            kv[...] = random_array(cp, kv.shape, model.kv_dtype).view(kv.dtype)
+    rows = []
+    for m in methods:
+        cache.lengths[...] = L
+        cache.length, cache.step = L, 0
+        att = AttentionConfig(method=m.kind, **({} if m.kind == "dense" else
+                              dict(samples=m.samples, sampler=m.sampler, budget=m.budget)))
+        gd = GraphDecoder(model, cache, att)
+        tokens = cp.ones((B,), cp.int32)
+        ms, ms_min = time_steps(cp, lambda: gd.replay(tokens), gd.stream, steps, warmup)
+        rows.append({"method": m.name, "B": B, "L": L, "ms": ms, "ms_min": ms_min, "timing": "graph (llama_min)",
+                     "note": "random KV, no prefill"})
+        del gd
+    ms_shape = ModelShape(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
+                          kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                          intermediate=cfg.intermediate_size, vocab=cfg.vocab_size)
+    return rows, ms_shape
+
+
+@bench.command("e2e")
+@click.option("--context", default="32k", show_default=True, help="Tokens already in the KV cache (k = 1024).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Timed decode steps (median).")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed graph replays first.")
+@click.option("--methods", default="dense,santa-global-systematic-256", show_default=True,
+              help="Comma-separated: dense, santa-<budget>-<sampler>-<S>.")
+@click.option("--layers", type=click.IntRange(min=1), default=LLAMA8B_MODEL.layers, show_default=True,
+              help="Layers of the random model (fewer for a smaller GPU).")
+@click.option("--model", "model_path", type=click.Path(exists=True), default=None,
+              help="A checkpoint directory (llama_min); default: Llama-3.1-8B-shaped random weights.")
+@click.option("--no-graph", is_flag=True, help="Time eager steps instead of a captured CUDA graph.")
+@click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
+def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, mem_gb, json_path, markdown_path):
+    """Whole-model decode latency (ms/token, tokens/s), dense vs SANTA attention."""
+    L = parse_size(context, "context")
+    method_objs = [parse_method(n) for n in parse_list(methods, "methods", str)]
+    bad = [m.name for m in method_objs if m.external]
+    if bad:
+        raise click.BadParameter(f"e2e runs our kernels only, not {', '.join(bad)}", param_hint="--methods")
+    shape = ModelShape(layers=layers)
+    L_max = L + steps + warmup + 8
+    if model_path is None and e2e_memory(shape, batch, L_max) > mem_gb * 1e9:
+        raise click.UsageError(f"the random model at batch {batch}, context {L} needs "
+                               f"{fmt_bytes(e2e_memory(shape, batch, L_max))} > --mem-gb {mem_gb}; "
+                               "use fewer --layers, a smaller --batch/--context or a larger --mem-gb")
+    cp = _cupy()
+    meta = dict(run_metadata("e2e"), **gpu_metadata(cp))
+    _log("measuring the streaming-read ceiling ...")
+    ceiling = measure_ceiling(cp)
+    if model_path is not None:
+        rows, shape = _e2e_checkpoint(cp, model_path, batch, L, steps, warmup, method_objs)
+        meta["model"] = str(model_path)
+    else:
+        meta["model"] = f"random Llama-3.1-8B-shaped, fp16 weights and KV, {asdict(shape)}"
+        _log(f"generating random weights and KV cache ({fmt_bytes(e2e_memory(shape, batch, L_max))}) ...")
+        model = RandomLlama(cp, shape, batch, L, L_max)
+        rows = []
+        for m in method_objs:
+            model.reset()
+            plan = model.make_plan(m)
+            run, stream, mode, keep = model.capture(plan, use_graph=not no_graph)
+            ms, ms_min = time_steps(cp, run, stream, steps, warmup)
+            row = {"method": m.name, "B": batch, "L": L, "ms": ms, "ms_min": ms_min, "timing": mode,
+                   "note": "random weights, random KV, no prefill"}
+            if m.kind == "santa":
+                last_len = int(model.pos[0])       # the last step attended over pos rows
+                row["rows_frac"] = float(plan.info().rows_read.sum()) / (batch * shape.kv_heads * last_len)
+            rows.append(row)
+            del run, keep, plan
+            cp.cuda.Device().synchronize()
+    floor = e2e_bytes(shape, batch, L)
+    meta["byte_floor"] = floor
+    meta["byte_floor_text"] = (f"weights {fmt_bytes(floor['weights'])} + KV {fmt_bytes(floor['kv'])} at context "
+                               f"{L} = {fmt_bytes(floor['total'])} per step")
+    meta["timing"] = f"median of {steps} single-step replays after {warmup} warm-up replays"
+    e2e_derived(rows, ceiling["read_tbps"], floor["total"])
+    write_outputs(meta, ceiling, rows, e2e_table(rows), json_path=json_path, markdown_path=markdown_path)
+
+
+if __name__ == "__main__":
+    bench()

@@ -1,0 +1,116 @@
+// common.cuh — shared device code for every santa-cupy kernel (no host code, no includes).
+//
+// * storage types and 8-element vector loads for float32 / float16 / bfloat16
+// * warp reductions and scans
+// * the counter-based RNG (bit-identical to santa_cupy/rng.py; see docs/DESIGN.md)
+//
+// Compiled through NVRTC with no headers at all: half and bfloat16 are handled as raw 16-bit
+// patterns with PTX conversions, so the same source builds in CI without a CUDA toolkit.
+#pragma once
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define SC_INF __int_as_float(0x7f800000)
+#define SC_NTHREADS 128          // threads per block of every tile kernel
+#define SC_CHUNK 8               // elements of a head_dim row owned by one thread
+#define SC_MAX_G 16              // largest GQA group (spec.MAX_G)
+
+// ---- storage types -------------------------------------------------------------------------
+struct f16_t { u16 bits; };     // IEEE half, stored as bits
+struct bf16_t { u16 bits; };    // bfloat16, stored as bits
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(f16_t x) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits)); return f;
+}
+__device__ __forceinline__ float to_float(bf16_t x) { return __uint_as_float(((u32)x.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ f16_t from_float<f16_t>(float x) {
+    f16_t r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x)); return r;
+}
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+    bf16_t r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x)); return r;
+}
+
+// Eight consecutive elements of a row: 16 bytes for the 16-bit types, 32 bytes for float32.
+template <typename T> struct Chunk {
+    static constexpr int kWords = sizeof(T) * SC_CHUNK / 16;   // uint4 words per chunk
+    uint4 w[kWords];
+    __device__ __forceinline__ void load(const T* p) {
+        const uint4* src = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) w[i] = src[i];
+    }
+    __device__ __forceinline__ void store(T* p) const {
+        uint4* dst = reinterpret_cast<uint4*>(p);
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) dst[i] = w[i];
+    }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) w[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    __device__ __forceinline__ void to_floats(float* out) const {
+        const T* e = reinterpret_cast<const T*>(w);
+#pragma unroll
+        for (int i = 0; i < SC_CHUNK; ++i) out[i] = to_float(e[i]);
+    }
+};
+
+// Length of sequence b clamped to [0, L_max]: a bad length can never make a kernel read out of
+// bounds (the Python entry points reject such lengths before launching).
+__device__ __forceinline__ int seq_len(const int* lengths, i64 b, i64 L_max) {
+    const int n = lengths[b];
+    return n < 0 ? 0 : (n > L_max ? (int)L_max : n);
+}
+
+// ---- warp helpers --------------------------------------------------------------------------
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Sum over groups of `width` consecutive lanes (width a power of two <= 32).
+__device__ __forceinline__ float group_sum(float v, int width) {
+    for (int o = width >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_inclusive_scan(float v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
+// ---- counter-based RNG (docs/DESIGN.md, santa_cupy/rng.py) ---------------------------------
+#define SC_GLOBAL_TILE 0xFFFFFFFFull
+
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+// Key of one (seed, step, layer, sequence, query head).
+__device__ __forceinline__ u64 head_key(u64 seed, u64 step, u64 layer, u64 b, u64 h) {
+    u64 x = mix64(seed ^ 0x9E3779B97F4A7C15ull);
+    x = mix64(x ^ step);
+    x = mix64(x ^ ((layer << 32) | b));
+    return mix64(x ^ (h << 32));
+}
+// Uniform in [0, 1) with 24 random bits, exactly representable in float32.
+__device__ __forceinline__ float uniform01(u64 key, u64 tile, u64 k) {
+    const u64 x = mix64(mix64(key ^ tile) ^ k);
+    return (float)(u32)(x >> 40) * 5.9604644775390625e-08f;   // 2^-24
+}

@@ -1,0 +1,403 @@
+// decode_dense.cu — exact split-KV decode attention (flash-decoding), the baseline and fallback.
+//
+// grid (n_splits, KVH, B), block SC_NTHREADS. Block (s, g, b) covers rows
+// [s*part_rows, min((s+1)*part_rows, n_b)) of KV head g for the G query heads of the group,
+// keeping an online softmax per head in the log2 domain (DenseState), one state per row group
+// (stream.cuh layout: D/8 lanes per row); the row groups are combined through shared memory at
+// the end. Outputs per (b, h, split): part_o[D] = sum_j 2^(s_j - m) V_j (unnormalised) and
+// part_s = (m * ln2, l, 0, 0), merged by merge.cu. Two versions of the row loop:
+//   decode_dense_partial  (v2) K and V streamed from global memory straight into registers,
+//                         U rows per row group in flight.
+//   decode_dense_async    (v3) K and V staged through a SC_STAGES-deep shared-memory ring filled
+//                         with cp.async (16-byte copies, L2 only), so the copies of later stages
+//                         are in flight while a stage is computed.
+//   decode_dense_mma      (v4) both products on tensor cores (mma.sync m16n8k16), fp16/bf16 and
+//                         D 64/128 only; see the comment above the kernel.
+//
+// Shared memory (kernels.py: dense_smem_bytes): v2 acc [RG][G][D] f32 | m, l [RG][G] f32;
+// v3 the ring SC_STAGES x 2 x kStageRows x D x T, reused for the combine afterwards.
+#include "common.cuh"
+#include "tile.cuh"
+#include "stream.cuh"
+#include "async_copy.cuh"
+#include "mma.cuh"
+
+#define SC_LOG2E 1.4426950408889634f
+#define SC_LN2 0.6931471805599453f
+
+// The split's partials from N partial online-softmax states (log2 domain) in shared memory,
+// acc [N][G][D] | m [N][G] | l [N][G]: M = max_n m_n, o = sum_n 2^(m_n - M) acc_n, L likewise;
+// part_s = (M ln 2, L, 0, 0). Called by the whole block after a barrier.
+template <int D, int G, int N>
+__device__ __forceinline__ void write_split_partials(const float* acc_s, const float* m_s, const float* l_s,
+                                                     float* part_o, float4* part_s, i64 part, int n_splits) {
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
+        const int h = idx / D, d = idx % D;
+        float M = -SC_INF;
+        for (int r = 0; r < N; ++r) M = fmaxf(M, m_s[r * G + h]);
+        float o = 0.f, L = 0.f;
+        for (int r = 0; r < N; ++r) {
+            const float mr = m_s[r * G + h];
+            if (mr == -SC_INF) continue;
+            const float w = exp2f(mr - M);
+            o = fmaf(w, acc_s[(r * G + h) * D + d], o);
+            L = fmaf(w, l_s[r * G + h], L);
+        }
+        part_o[(part + (i64)h * n_splits) * D + d] = o;
+        if (d == 0) part_s[part + (i64)h * n_splits] = make_float4(M * SC_LN2, L, 0.f, 0.f);
+    }
+}
+
+template <typename T, int D, int G>
+struct DenseState {
+    using GQ = GroupQuery<T, D, G>;
+    float m[G], l[G], acc[G][SC_CHUNK];
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            m[h] = -SC_INF; l[h] = 0.f;
+#pragma unroll
+            for (int e = 0; e < SC_CHUNK; ++e) acc[h][e] = 0.f;
+        }
+    }
+
+    // Online-softmax update with U rows of this row group; rows with valid[u] false are skipped.
+    // Every lane of the warp must call this (the score reduction shuffles).
+    template <int U>
+    __device__ __forceinline__ void update(const GQ& gq, const Chunk<T> (&kc)[U], const Chunk<T> (&vc)[U],
+                                           const bool (&valid)[U]) {
+        float s[U][G];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            gq.scores(kc[u], s[u]);
+            if (!valid[u])
+#pragma unroll
+                for (int h = 0; h < G; ++h) s[u][h] = -SC_INF;
+        }
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float m_new = m[h];
+#pragma unroll
+            for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, s[u][h]);
+            if (m_new == -SC_INF) continue;          // no valid row yet in this row group
+            const float alpha = exp2f(m[h] - m_new);
+            float p[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) p[u] = exp2f(s[u][h] - m_new);
+            float lsum = 0.f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) lsum += p[u];
+            l[h] = l[h] * alpha + lsum;
+            m[h] = m_new;
+#pragma unroll
+            for (int e = 0; e < SC_CHUNK; ++e) acc[h][e] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float vf[SC_CHUNK]; vc[u].to_floats(vf);
+#pragma unroll
+                for (int e = 0; e < SC_CHUNK; ++e) acc[h][e] = fmaf(p[u], vf[e], acc[h][e]);
+            }
+        }
+    }
+
+    // Combine the row groups through shared memory (>= RG*G*(D+2) floats) and write the split's
+    // partials: M = max_rg m, o = sum_rg 2^(m_rg - M) acc_rg, L likewise.
+    __device__ __forceinline__ void write_partials(float* smem, float* part_o, float4* part_s, i64 part,
+                                                   int n_splits) const {
+        constexpr int kRG = GQ::kRowGroups;
+        const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
+        float* acc_s = smem;                                       // [RG][G][D]
+        float* m_s = acc_s + kRG * G * D;                          // [RG][G]
+        float* l_s = m_s + kRG * G;                                // [RG][G]
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int e = 0; e < SC_CHUNK; ++e) acc_s[(rg * G + h) * D + dg * SC_CHUNK + e] = acc[h][e];
+            if (dg == 0) { m_s[rg * G + h] = m[h]; l_s[rg * G + h] = l[h]; }
+        }
+        __syncthreads();
+        write_split_partials<D, G, kRG>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
+    }
+};
+
+// Rows of this split, or an empty-split marker written (returns false).
+__device__ __forceinline__ bool split_rows(const int* lengths, i64 b, i64 L_max, int split, int part_rows,
+                                           int G, float4* part_s, i64 part, int n_splits,
+                                           i64* row_begin, i64* row_end) {
+    const int n = seq_len(lengths, b, L_max);
+    *row_begin = (i64)split * part_rows;
+    *row_end = min(*row_begin + part_rows, (i64)n);
+    if (*row_begin < *row_end) return true;
+    for (int h = threadIdx.x; h < G; h += SC_NTHREADS)
+        part_s[part + (i64)h * n_splits] = make_float4(-SC_INF, 0.f, 0.f, 0.f);
+    return false;
+}
+
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                     const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
+                     i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+    using GQ = GroupQuery<T, D, G>;
+    constexpr int kRG = GQ::kRowGroups;
+    constexpr int U = G <= 4 ? 4 : 2;           // rows per row group in flight (register budget)
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;  // (b, first head of group, split)
+    i64 row_begin, row_end;
+    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
+        return;
+    const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
+    GQ gq;
+    gq.load(q, b, g, H, scale * SC_LOG2E);
+    DenseState<T, D, G> st;
+    st.init();
+    // The trip count must be warp-uniform (the score reduction shuffles across the whole warp,
+    // which holds several row groups), so rows past row_end are masked, not skipped.
+    for (i64 base = row_begin; base < row_end; base += (i64)U * kRG) {
+        Chunk<T> kc[U], vc[U];
+        bool valid[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const i64 j = base + (i64)u * kRG + rg;
+            valid[u] = j < row_end;
+            if (valid[u]) {
+                kc[u].load(cache_row<T, D>(k_cache, b, j, g, L_max, KVH) + dg * SC_CHUNK);
+                vc[u].load(cache_row<T, D>(v_cache, b, j, g, L_max, KVH) + dg * SC_CHUNK);
+            } else {
+                kc[u].zero(); vc[u].zero();
+            }
+        }
+        st.update<U>(gq, kc, vc, valid);
+    }
+    extern __shared__ __align__(16) unsigned char smem[];
+    st.write_partials(reinterpret_cast<float*>(smem), part_o, part_s, part, n_splits);
+}
+
+// ---- v3: cp.async ring (async_copy.cuh) ------------------------------------------------------
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                   const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
+                   i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+    using GQ = GroupQuery<T, D, G>;
+    constexpr int kRG = GQ::kRowGroups;
+    constexpr int kRows = SC_STAGE_BYTES / (D * (int)sizeof(T));   // rows per stage
+    constexpr int U = kRows / kRG;                                   // rows per row group per stage
+    static_assert(U >= 1 && kRows % kRG == 0, "stage rows must split over the row groups");
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
+    i64 row_begin, row_end;
+    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
+        return;
+    const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* ring = reinterpret_cast<T*>(smem);                          // [SC_STAGES][2][kRows][D]
+    constexpr int kStageElems = 2 * kRows * D;
+    const int n_stages = (int)((row_end - row_begin + kRows - 1) / kRows);
+
+#pragma unroll
+    for (int s = 0; s < SC_STAGES - 1; ++s) {                      // prologue: fill the ring
+        if (s < n_stages)
+            issue_stage<T, D, kRows, 2>(ring + s * kStageElems, k_cache, v_cache, b, row_begin + (i64)s * kRows,
+                                        row_end, g, L_max, KVH);
+        cp_async_commit();                                         // (possibly empty) group per stage
+    }
+    GQ gq;
+    gq.load(q, b, g, H, scale * SC_LOG2E);
+    DenseState<T, D, G> st;
+    st.init();
+    for (int s = 0; s < n_stages; ++s) {
+        cp_async_wait<SC_STAGES - 2>();      // this thread's copies of stage s have landed
+        __syncthreads();                     // everyone's have; stage s-1 is fully consumed
+        const int next = s + SC_STAGES - 1;
+        if (next < n_stages)
+            issue_stage<T, D, kRows, 2>(ring + (next % SC_STAGES) * kStageElems, k_cache, v_cache, b,
+                                        row_begin + (i64)next * kRows, row_end, g, L_max, KVH);
+        cp_async_commit();
+        const T* stage = ring + (s % SC_STAGES) * kStageElems;
+        const i64 row0 = row_begin + (i64)s * kRows;
+        Chunk<T> kc[U], vc[U];
+        bool valid[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int r = u * kRG + rg;
+            valid[u] = row0 + r < row_end;
+            kc[u].load(stage + r * D + dg * SC_CHUNK);
+            vc[u].load(stage + (kRows + r) * D + dg * SC_CHUNK);
+        }
+        st.update<U>(gq, kc, vc, valid);
+    }
+    cp_async_wait<0>();
+    __syncthreads();                         // the ring is free: reuse it for the combine
+    st.write_partials(reinterpret_cast<float*>(smem), part_o, part_s, part, n_splits);
+}
+
+// ---- v4: tensor cores (mma.cuh), 16-bit types, D in {64, 128} ----------------------------------
+// Each warp owns keys base .. base+15 of its split (warps interleaved by 16 keys) and computes
+//   S = Q K^T  as m16n8k16 tiles: rows = the G <= 16 heads of the group (zero-padded to 16),
+//              2 n-tiles of 8 keys, D/16 k-steps;
+//   O += P V   rows = heads, k = the 16 keys (P reused from S's accumulators, FA2 style),
+//              D/8 n-tiles of output dims.
+// Loads stay 16-byte vectors by permuting the reduction and output orders consistently:
+//   q.K: thread t of a group loads elements [t*D/4, (t+1)*D/4) of its key (and of its head's
+//        query); k-step s uses elements 4s..4s+3 of that slice, i.e. its words 2s and 2s+1.
+//   P.V: output n-tile j, column n holds dim n*(D/8) + j, so the thread of group n loads dims
+//        [n*D/8, (n+1)*D/8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs their halves (byte_perm).
+// P is rounded to T for the second product (as FlashAttention does); l sums the unrounded p.
+// Each warp keeps two register buffers of K/V slices: step i+1's loads fly while step i computes.
+// The K and V slices one thread holds for one 16-key step.
+template <int D>
+struct MmaStepLoads {
+    u32 k[2][D / 8];          // keys base + 8j + gi, elements [t*D/4, (t+1)*D/4)
+    u32 v[4][D / 16];         // keys base + 2t + {0, 1, 8, 9}, dims [gi*D/8, (gi+1)*D/8)
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const T* k_cache, const T* v_cache, i64 b,
+                                              i64 base, i64 row_end, int g, i64 L_max, int KVH, int gi, int t) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+        load_key_slice<T, D>(ld.k[j], k_cache, b, base + 8 * j + gi, row_end, base, g, L_max, KVH, t);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
+        load_words<D / 16>(ld.v[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH) + gi * (D / 8),
+                           key < row_end);
+    }
+}
+
+// Online-softmax state of one thread: O fragments and the (m, l) of rows gi and gi + 8.
+template <typename T, int D, int G>
+struct MmaDenseState {
+    static constexpr bool kHi = MmaQuery<T, D, G>::kHi;
+    static constexpr int NT = D / 8;
+    float o[NT][4];
+    float m_lo, m_hi, l_lo, l_hi;
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+        m_lo = m_hi = -SC_INF; l_lo = l_hi = 0.f;
+    }
+
+    // One 16-key step: S = Q K^T, online softmax, O = alpha O + P V.
+    __device__ __forceinline__ void step(const MmaQuery<T, D, G>& mq, const MmaStepLoads<D>& ld, i64 base,
+                                         i64 row_end, float mult, int t) {
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            mq.scores(s[j], ld.k[j]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool valid = base + 8 * j + 2 * t + (e & 1) < row_end;
+                s[j][e] = valid ? s[j][e] * mult : -SC_INF;
+            }
+        }
+        // The 4 threads of a group share a row's max.
+        float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+            if (kHi) mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+        }
+        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+        const float ref_lo = mn_lo == -SC_INF ? 0.f : mn_lo, ref_hi = mn_hi == -SC_INF ? 0.f : mn_hi;
+        const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
+        m_lo = mn_lo; m_hi = mn_hi;
+        float p[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            p[j][0] = exp2f(s[j][0] - ref_lo); p[j][1] = exp2f(s[j][1] - ref_lo);
+            p[j][2] = kHi ? exp2f(s[j][2] - ref_hi) : 0.f; p[j][3] = kHi ? exp2f(s[j][3] - ref_hi) : 0.f;
+        }
+        l_lo = l_lo * alpha_lo + (p[0][0] + p[0][1] + p[1][0] + p[1][1]);
+        if (kHi) l_hi = l_hi * alpha_hi + (p[0][2] + p[0][3] + p[1][2] + p[1][3]);
+        const u32 pa[4] = {pack2<T>(p[0][0], p[0][1]), kHi ? pack2<T>(p[0][2], p[0][3]) : 0u,
+                           pack2<T>(p[1][0], p[1][1]), kHi ? pack2<T>(p[1][2], p[1][3]) : 0u};
+        // n-tile j = dims n*(D/8) + j of the group-n thread's V slice
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            o[j][0] *= alpha_lo; o[j][1] *= alpha_lo;
+            if (kHi) { o[j][2] *= alpha_hi; o[j][3] *= alpha_hi; }
+            const u32 b0 = pair_halves(ld.v[0][j / 2], ld.v[1][j / 2], j & 1);
+            const u32 b1 = pair_halves(ld.v[2][j / 2], ld.v[3][j / 2], j & 1);
+            mma_16816<T>(o[j], pa, b0, b1);
+        }
+    }
+};
+
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                 const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
+                 i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+    static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
+    static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
+    using State = MmaDenseState<T, D, G>;
+    constexpr int NT = D / 8;
+    constexpr int kWarps = SC_NTHREADS / 32;
+    constexpr int kStep = 16 * kWarps;       // keys per block per step
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gi = lane >> 2, t = lane & 3;
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
+    i64 row_begin, row_end;
+    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
+        return;
+
+    MmaQuery<T, D, G> mq;                   // Q as A fragments (rows gi and gi + 8 = heads)
+    mq.load(q, b * H + (i64)g * G, gi, t);
+    const float mult = scale * SC_LOG2E;     // scores in the log2 domain
+    State st;
+    st.init();
+
+    // Two register buffers: the loads of the next step are in flight while this one computes.
+    // (base is warp-uniform, so every lane runs the same trip count around the shuffles.)
+    MmaStepLoads<D> bufA, bufB;
+    i64 base = row_begin + 16 * warp;
+    if (base < row_end) mma_step_load<T, D>(bufA, k_cache, v_cache, b, base, row_end, g, L_max, KVH, gi, t);
+    while (base < row_end) {
+        if (base + kStep < row_end)
+            mma_step_load<T, D>(bufB, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
+        st.step(mq, bufA, base, row_end, mult, t);
+        base += kStep;
+        if (base >= row_end) break;
+        if (base + kStep < row_end)
+            mma_step_load<T, D>(bufA, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
+        st.step(mq, bufB, base, row_end, mult, t);
+        base += kStep;
+    }
+    float l_lo = st.l_lo, l_hi = st.l_hi;
+    // A row's l: sum over the group's 4 threads (each summed its own columns).
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    // Combine the warps through shared memory: acc [W][G][D] | m [W][G] | l [W][G].
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* acc_s = reinterpret_cast<float*>(smem);
+    float* m_s = acc_s + kWarps * G * D;
+    float* l_s = m_s + kWarps * G;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int h = gi + 8 * half;
+        if (h >= G || (half == 1 && !State::kHi)) continue;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc_s[(warp * G + h) * D + (2 * t) * (D / 8) + j] = st.o[j][2 * half];
+            acc_s[(warp * G + h) * D + (2 * t + 1) * (D / 8) + j] = st.o[j][2 * half + 1];
+        }
+        if (t == 0) {
+            m_s[warp * G + h] = half ? st.m_hi : st.m_lo;
+            l_s[warp * G + h] = half ? l_hi : l_lo;
+        }
+    }
+    __syncthreads();
+    write_split_partials<D, G, kWarps>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
+}

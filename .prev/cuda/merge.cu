@@ -1,0 +1,159 @@
+// merge.cu — merge per-part partials into the attention output, its log-sum-exp and spread.
+//
+// grid (H, B), block SC_MERGE_THREADS (below). Parts are dense splits (part_rows = rows per split) or santa
+// tiles (part_rows = BN); sequence b has ceil(n_b / part_rows) of them. part_s = (m, l, m2, q2).
+// kind 0 dense:  o = sum_p e^(m_p - m*) part_o_p / Z,           Z = sum_p e^(m_p - m*) l_p
+// kind 1 fixed:  o = sum_t (W_t/Z) part_o_t / S_t,             S_t = max(1, S // T_b)
+//                var = sum_t (W_t/Z)^2 (m2_t - q2_t / S_t) / S_t^2
+// kind 2 global / largest_remainder: o = part_o summed / S,   var = max(0, sum m2 / S - |o|^2) / S
+// kind 3 weighted (fixed, santa_tile_warp): o = part_o summed, var = max(0, sum part_s.z)
+// lse = m* + log Z; spread = sqrt(var / D). Parts with l == 0 hold no rows and are skipped.
+// o_stride: the partial outputs (part_o and part_s.zw) sit in every o_stride-th part slot, each
+// summing o_stride parts (kinds 2 and 3 from santa_tile_warp's chunks; 1 otherwise); the stats (m, l)
+// of every part still give the log-sum-exp.
+#include "common.cuh"
+
+#define SC_MERGE_DENSE 0
+#define SC_MERGE_FIXED 1
+#define SC_MERGE_SUM 2
+#define SC_MERGE_WEIGHTED 3
+
+#define SC_MERGE_THREADS 512
+
+// Online (max, sum) pair: the log-sum-exp of parts seen so far is m + log z.
+__device__ __forceinline__ void lse_push(float& m, float& z, float m_p, float z_p) {
+    if (z_p <= 0.f) return;
+    if (m_p > m) { z = z * __expf(m - m_p) + z_p; m = m_p; }
+    else z += z_p * __expf(m_p - m);
+}
+
+// Block-wide combine of the (m, z) pairs; every thread gets the result.
+__device__ __forceinline__ void block_lse(float& m, float& z, float* red_m, float* red_z) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, off), zo = __shfl_xor_sync(0xffffffffu, z, off);
+        lse_push(m, z, mo, zo);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { red_m[warp] = m; red_z[warp] = z; }
+    __syncthreads();
+    m = -SC_INF; z = 0.f;
+    for (int w = 0; w < SC_MERGE_THREADS / 32; ++w) lse_push(m, z, red_m[w], red_z[w]);
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = 0.f;
+    for (int w = 0; w < SC_MERGE_THREADS / 32; ++w) v += red[w];
+    return v;
+}
+
+// kPerLane consecutive floats (D / 32 = 2, 4 or 8) as one or two vector loads.
+template <int N>
+__device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) {
+            const float4 x = *reinterpret_cast<const float4*>(src + i);
+            v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i += 2) {
+            const float2 x = *reinterpret_cast<const float2*>(src + i);
+            v[i] = x.x; v[i + 1] = x.y;
+        }
+    }
+}
+
+// grid (H, B), block SC_MERGE_THREADS (16 warps). Pass 1: one read of part_s gives m* and Z
+// (online log-sum-exp). Pass 2: warp w merges partials w, w + 16, ..., U of them in flight, its
+// lanes over D (D/32 consecutive floats each, vector loads); the warps are summed through shared
+// memory. U = 8 where the grid is at most one wave (B = 1: latency-bound, fewer round trips), 4
+// otherwise (64 instead of 104 registers at D 128, so two blocks fit an SM).
+template <typename T, int D, int U>
+__global__ void __launch_bounds__(SC_MERGE_THREADS)
+santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
+            i64 L_max, int H, int part_rows, int P_max, int o_stride, int kind, int samples, T* __restrict__ out,
+            float* __restrict__ lse, float* __restrict__ spread) {
+    constexpr int kWarps = SC_MERGE_THREADS / 32;
+    constexpr int kPerLane = D / 32;
+    __shared__ float red_m[kWarps], red_z[kWarps];
+    __shared__ __align__(16) float o_w[kWarps][D];
+    __shared__ float var_w[kWarps], m2_w[kWarps];
+    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 b = blockIdx.y;
+    const i64 bh = b * H + h;
+    const int n_parts = (seq_len(lengths, b, L_max) + part_rows - 1) / part_rows;
+    const float4* st = part_s + bh * P_max;
+    const float* po = part_o + bh * P_max * D;
+
+    float m_star = -SC_INF, z = 0.f;
+    for (int p = threadIdx.x; p < n_parts; p += SC_MERGE_THREADS) {
+        const float4 s4 = st[p];
+        if (s4.y > 0.f) lse_push(m_star, z, s4.x, s4.y);
+    }
+    block_lse(m_star, z, red_m, red_z);
+
+    const float S = (float)samples;
+    const float s_t = (float)max(1, samples / max(n_parts, 1));
+    float o[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
+    float var = 0.f, m2 = 0.f;
+    const int n_out = (n_parts + o_stride - 1) / o_stride;          // partial outputs
+    for (int k0 = warp; k0 < n_out; k0 += kWarps * U) {
+        float4 s4[U];
+        float v[U][kPerLane];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {                       // issue every load first
+            const int k = k0 + u * kWarps;
+            const i64 p = (i64)k * o_stride;
+            s4[u] = k < n_out ? st[p] : make_float4(-SC_INF, 0.f, 0.f, 0.f);
+            if (k < n_out) load_lane<kPerLane>(po + p * D + lane * kPerLane, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (!(s4[u].y > 0.f)) continue;                  // empty part (or past n_parts)
+            if (kind >= SC_MERGE_SUM && s4[u].z == 0.f && s4[u].w == 0.f) continue;   // chunk without samples
+            float w;
+            if (kind == SC_MERGE_DENSE) w = __expf(s4[u].x - m_star) / z;
+            else if (kind == SC_MERGE_FIXED) {
+                const float wt = __expf(s4[u].x - m_star) * s4[u].y / z;
+                w = wt / s_t;
+                var += wt * wt * fmaxf(0.f, s4[u].z - s4[u].w / s_t) / (s_t * s_t);
+            } else if (kind == SC_MERGE_SUM) { w = 1.f / S; m2 += s4[u].z; }
+            else { w = 1.f; var += s4[u].z; }
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) o[i] = fmaf(w, v[u][i], o[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) o_w[warp][lane * kPerLane + i] = o[i];
+    if (lane == 0) { var_w[warp] = var; m2_w[warp] = m2; }
+    __syncthreads();
+    var = 0.f; m2 = 0.f;
+    for (int w = 0; w < kWarps; ++w) { var += var_w[w]; m2 += m2_w[w]; }
+    float sq = 0.f;
+    for (int d = threadIdx.x; d < D; d += SC_MERGE_THREADS) {
+        float sum = 0.f;
+        for (int w = 0; w < kWarps; ++w) sum += o_w[w][d];
+        out[bh * D + d] = from_float<T>(sum);
+        sq = fmaf(sum, sum, sq);
+    }
+    if (kind == SC_MERGE_SUM) {
+        sq = block_sum(sq, red_m);
+        var = fmaxf(0.f, m2 / S - sq) / S;
+    }
+    if (threadIdx.x == 0) {
+        lse[bh] = m_star + __logf(z);
+        spread[bh] = kind == SC_MERGE_DENSE ? 0.f : sqrtf(fmaxf(var, 0.f) / (float)D);
+    }
+}
+
+// The device decode-step counter: a captured graph that ends with this advances on every replay.
+__global__ void santa_advance_step(i64* step) { step[0] += 1; }

@@ -1,0 +1,263 @@
+// mma.cuh — warp-level tensor-core helpers for the 16-bit types (mma.sync.m16n8k16, sm_80+).
+//
+// Fragment layout of mma.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
+// gi = lane / 4 (group) and t = lane % 4 (thread in group); each 32-bit register packs two
+// 16-bit elements, the lower index in the low half:
+//   A (16 x 16, row-major):  a[0] = A[gi][2t, 2t+1]     a[1] = A[gi+8][2t, 2t+1]
+//                            a[2] = A[gi][2t+8, 2t+9]   a[3] = A[gi+8][2t+8, 2t+9]
+//   B (16 x 8, "col"):       b[0] = B[2t, 2t+1][gi]     b[1] = B[2t+8, 2t+9][gi]
+//   C, D (16 x 8, f32):      c[0], c[1] = C[gi][2t, 2t+1]    c[2], c[3] = C[gi+8][2t, 2t+1]
+#pragma once
+#include "async_copy.cuh"
+
+// d = a * b + d for T = f16_t or bf16_t operands, f32 accumulators: one specialisation per type,
+// stamped from one body (PTX_TYPE = the operand type's PTX name).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1);
+
+#define SC_MMA_16816(T, PTX_TYPE)                                                                     \
+    template <>                                                                                       \
+    __device__ __forceinline__ void mma_16816<T>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {  \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE ".f32 "          \
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"            \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                \
+    }
+SC_MMA_16816(bf16_t, "bf16")
+SC_MMA_16816(f16_t, "f16")
+#undef SC_MMA_16816
+
+// Two floats rounded to T and packed: lo in bits 0..15, hi in bits 16..31.
+template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<bf16_t>(float lo, float hi) {
+    u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
+    u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+
+// The low (half 0) or high (half 1) 16-bit elements of x and y, packed as (x's, y's).
+__device__ __forceinline__ u32 pair_halves(u32 x, u32 y, int half) {
+    return __byte_perm(x, y, half ? 0x7632 : 0x5410);
+}
+
+// n consecutive 32-bit words from global memory as 16-byte loads (n a multiple of 4), or zeros.
+template <int N>
+__device__ __forceinline__ void load_words(u32 (&w)[N], const void* src, bool valid) {
+    static_assert(N % 4 == 0, "whole 16-byte loads");
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const uint4 x = valid ? p[i] : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
+    }
+}
+
+// ---- Q K^T for the G <= 16 query heads of a KV group (decode_dense_mma, santa_score_mma) ------
+// Thread (gi, t) holds elements [t*D/4, (t+1)*D/4) of its query rows gi and gi + 8 (zero past G)
+// and of the keys it loads; k-step ks of the m16n8k16 product uses words 2ks and 2ks + 1 of those
+// slices, so the dot products pair the same dims in A and B while every load is a 16-byte vector.
+template <typename T, int D, int G>
+struct MmaQuery {
+    static constexpr bool kHi = G > 8;       // rows 8..15 of the tile hold heads too
+    static constexpr int KW = D / 8;         // words of a D/4-element slice
+    u32 lo[KW], hi[KW];
+
+    // head0 = b * H + g * G, the flat (b, h) index of the group's first head.
+    __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t) {
+        load_words<KW>(lo, q + (head0 + gi) * D + t * (D / 4), gi < G);
+        if (kHi) load_words<KW>(hi, q + (head0 + gi + 8) * D + t * (D / 4), gi + 8 < G);
+        else {
+#pragma unroll
+            for (int i = 0; i < KW; ++i) hi[i] = 0u;
+        }
+    }
+
+    // s = unscaled scores of rows (gi, gi + 8) x the 8 keys whose slices the group's threads hold
+    // in k (C-fragment layout: s[0..1] row gi, s[2..3] row gi + 8, keys 2t and 2t + 1).
+    __device__ __forceinline__ void scores(float (&s)[4], const u32 (&k)[KW]) const {
+        s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const u32 a[4] = {lo[2 * ks], hi[2 * ks], lo[2 * ks + 1], hi[2 * ks + 1]};
+            mma_16816<T>(s, a, k[2 * ks], k[2 * ks + 1]);
+        }
+    }
+};
+
+// Where thread t of a group finds its slice of key `key` for MmaQuery::scores: the key's row, or
+// row `fallback` where key >= row_end (only to form a valid address: such a key reads as zeros).
+template <typename T, int D>
+__device__ __forceinline__ const T* key_slice(const T* k_cache, i64 b, i64 key, i64 row_end, i64 fallback, int g,
+                                              i64 L_max, int KVH, int t) {
+    return cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH) + t * (D / 4);
+}
+
+// That slice into registers (zeros past row_end).
+template <typename T, int D>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache, i64 b, i64 key, i64 row_end,
+                                               i64 fallback, int g, i64 L_max, int KVH, int t) {
+    load_words<D / 8>(w, key_slice<T, D>(k_cache, b, key, row_end, fallback, g, L_max, KVH, t), key < row_end);
+}
+
+// Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
+// MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
+// -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
+struct OnlineStats {
+    float m = -SC_INF, l = 0.f;
+    __device__ __forceinline__ void push2(float s0, float s1) {
+        const float m_new = fmaxf(m, fmaxf(s0, s1));
+        if (m_new == -SC_INF) return;
+        l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
+        m = m_new;
+    }
+    // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
+    __device__ __forceinline__ void reduce_group() {
+        float m_all = m;
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
+        float l_all = m == -SC_INF ? 0.f : l * __expf(m - m_all);
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, off);
+        m = m_all; l = l_all;
+    }
+};
+
+// ---- Q K^T over a run of consecutive tiles (santa_score_mma) -----------------------------------
+// The K slices of the next 16-key step are in flight while a step computes: two register buffers
+// and a step counter that runs across the run's tiles, so the first step of tile t + 1 loads
+// while the last step of tile t computes and the K stream does not stop at tile boundaries.
+//   KeyRun<T, D, BN> kr;  kr.start(...first tile...);
+//   for each tile i of the run: kr.score_tile(mq, i, rows of tile i, rows of tile i + 1 or an
+//                                              empty range, ..., f)
+// f(st, j, s) receives the unscaled scores s (C-fragment layout, MmaQuery::scores) of keys
+// row0 + 16 st + 8 j + [0, 8) of the tile, in step order.
+template <typename T, int D, int BN>
+struct KeyRun {
+    static constexpr int KW = D / 8, NSTEP = BN / 16;
+    u32 kbuf[2][2][KW];                      // [buffer][n-tile][words]: step k in buffer k & 1
+
+    // Step 0 of the run's first tile (rows [row0, row_end)).
+    __device__ __forceinline__ void start(const T* k_cache, i64 b, i64 row0, i64 row_end, int g, i64 L_max, int KVH,
+                                          int gi, int tq) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
+    }
+
+    // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
+    // or an empty range (next_end == next0) after the last, whose loads then read nothing.
+    template <int G, typename F>
+    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const T* k_cache, i64 b,
+                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, i64 L_max,
+                                               int KVH, int gi, int tq, F&& f) {
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = index * NSTEP + st, cur = k & 1;       // the run's step counter
+            // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of the next.
+            const bool last = st + 1 == NSTEP;
+            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
+                                     L_max, KVH, tq);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float s[4];
+                mq.scores(s, kbuf[cur][j]);
+                f(st, j, s);
+            }
+        }
+    }
+};
+
+// ---- the same K stream with the steps in flight in shared memory (santa_score_mma, kRing) --------
+// KeyRun holds the one step in flight in registers (a second buffer of D/4 words a thread). KeyRing
+// keeps kDepth - 1 steps in flight instead, in a per-warp ring of kDepth steps filled by cp.async,
+// so a warp has kDepth - 1 times the bytes in flight for fewer registers. The look-ahead stays
+// within the next tile (kDepth - 1 <= BN / 16 steps).
+// Copies are coalesced: a warp's copy instruction moves whole rows (lane l takes 16-byte quad
+// l % QR of a row), never a thread's own 64-byte slice; the first ring (each thread copying its
+// own slices, 16 of every 32-byte sector per request) measured 2x slower than KeyRun (BENCHMARKS.md,
+// step 9). So a thread reads back quads other lanes copied: __syncwarp after the group wait, and
+// before a slot is refilled. Ring layout per warp: [kDepth][16 keys][QR quads], quad q of key
+// row r stored at q ^ swizzle(r, q), so that both the copies (8 consecutive quads of one row) and
+// the read-back (lanes 4 gi + tq: rows gi, gi + 1 of a quarter-warp, quads tq * KQ + qd) hit 8
+// distinct 16-byte bank groups per quarter-warp. kDepth x 16 keys x D x 2 bytes (4 KB a step at D 128).
+//   KeyRing<T, D, BN, kDepth> kr;  kr.start(ring, ...first tile...);  then as KeyRun::score_tile.
+template <typename T, int D, int BN, int kDepth>
+struct KeyRing {
+    static constexpr int KW = D / 8, KQ = KW / 4, NSTEP = BN / 16;   // words, quads of a slice; steps a tile
+    static constexpr int QR = D * (int)sizeof(T) / 16;               // quads of a key row
+    static constexpr int kCopies = 16 * QR / 32;                      // a lane's copies a step
+    static_assert(kDepth >= 2 && kDepth - 1 <= NSTEP, "the look-ahead stays within the next tile");
+    static_assert(QR >= 8 && QR <= 64 && 16 * QR % 32 == 0, "swizzle covers rows of 8 to 64 quads");
+    uint4* ring;                                        // this warp's slot 0
+
+    static constexpr int kBytesPerWarp = kDepth * 16 * QR * 16;
+
+    // Bits 0-2 of the stored quad: row parity and the quad's bits 3-4 (a bijection on q for each r).
+    __device__ __forceinline__ static int swizzle(int r, int q) { return q ^ (((r & 1) | ((q >> 3) << 1)) & 7); }
+    __device__ __forceinline__ uint4* quad(int step, int r, int q) const {
+        return ring + ((step % kDepth) * 16 + r) * QR + swizzle(r, q);
+    }
+
+    // Issue step `k`'s copies, keys key0 .. key0 + 15 of [.., key_end) (zeros past it, row
+    // `fallback` only forms the address), as one commit group. The slot's last reader is done.
+    __device__ __forceinline__ void issue(int k, const T* k_cache, i64 b, i64 key0, i64 key_end, i64 fallback, int g,
+                                          i64 L_max, int KVH) {
+        const int lane = threadIdx.x & 31;
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) {
+            const int idx = 32 * c + lane, r = idx / QR, q = idx % QR;
+            const i64 key = key0 + r;
+            const T* src = cache_row<T, D>(k_cache, b, key < key_end ? key : fallback, g, L_max, KVH) + q * (16 / (int)sizeof(T));
+            cp_async16(quad(k, r, q), src, key < key_end);
+        }
+        cp_async_commit();
+    }
+
+    // warp_ring: this warp's kBytesPerWarp of shared memory. Steps 0 .. kDepth - 2 of the run's
+    // first tile (rows [row0, row_end)).
+    __device__ __forceinline__ void start(void* warp_ring, const T* k_cache, i64 b, i64 row0, i64 row_end, int g,
+                                          i64 L_max, int KVH, int, int) {
+        ring = reinterpret_cast<uint4*>(warp_ring);
+#pragma unroll
+        for (int k = 0; k < kDepth - 1; ++k) issue(k, k_cache, b, row0 + 16 * k, row_end, row0, g, L_max, KVH);
+    }
+
+    // As KeyRun::score_tile: step k = index * NSTEP + st issues step k + kDepth - 1 (this tile's or
+    // the next's; an empty commit group past the run keeps the group count), waits for step k's
+    // group and computes from the ring.
+    template <int G, typename F>
+    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const T* k_cache, i64 b,
+                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, i64 L_max,
+                                               int KVH, int gi, int tq, F&& f) {
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = index * NSTEP + st;
+            const int ahead = st + kDepth - 1;              // of this tile, or of the next from NSTEP on
+            if (ahead < NSTEP)
+                issue(k + kDepth - 1, k_cache, b, row0 + 16 * ahead, row_end, row0, g, L_max, KVH);
+            else if (next_end > next0)
+                issue(k + kDepth - 1, k_cache, b, next0 + 16 * (ahead - NSTEP), next_end, next0, g, L_max, KVH);
+            else
+                cp_async_commit();
+            cp_async_wait<kDepth - 1>();                    // this thread's copies of step k have landed
+            __syncwarp();                                   // and every lane's
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                u32 w[KW];
+#pragma unroll
+                for (int qd = 0; qd < KQ; ++qd) {
+                    const uint4 x = *quad(k, 8 * j + gi, tq * KQ + qd);
+                    w[4 * qd] = x.x; w[4 * qd + 1] = x.y; w[4 * qd + 2] = x.z; w[4 * qd + 3] = x.w;
+                }
+                float s[4];
+                mq.scores(s, w);
+                f(st, j, s);
+            }
+        }
+    }
+};

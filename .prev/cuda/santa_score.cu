@@ -1,0 +1,223 @@
+// santa_score.cu — S2ANTA pass 1 (score stage): q K^T per tile, per-tile stats, score stash.
+//
+// grid (T_max, KVH, B), block SC_NTHREADS; tile t covers rows [t*BN, min((t+1)*BN, n_b)).
+// K rows are streamed into registers (stream.cuh), scores land in shared memory, then
+// scores[b, h, j] (float32, natural-log scale) is written for j < n_b and
+// part_s[b, h, t] = (m_t, l_t, 0, 0). Tiles past n_b exit at once.
+//
+// Shared memory: s [G][BN] f32 | m, l [G] f32
+// Versions: santa_score (v2, above), santa_score_async (v3, cp.async ring), santa_score_mma (v4,
+// tensor cores, one warp per run of tiles; fp16/bf16, D 64/128), each below with its own comment.
+#include "common.cuh"
+#include "tile.cuh"
+#include "stream.cuh"
+#include "async_copy.cuh"
+#include "mma.cuh"
+
+// Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
+// its stats into part_s[b, h, t] = (m, l, 0, 0); head0 = b * H + g * G. Whole block.
+template <int BN>
+__device__ __forceinline__ void write_tile_stash(float* scores, float4* part_s, const float* s, const float* m,
+                                                 const float* l, int G, i64 head0, i64 L_max, i64 row0, int nrows,
+                                                 int T_max, int t) {
+    for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+        const int h = idx / BN, j = idx % BN;
+        if (j < nrows) scores[(head0 + h) * L_max + row0 + j] = s[idx];
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < G; h += SC_NTHREADS)
+        part_s[(head0 + h) * T_max + t] = make_float4(m[h], l[h], 0.f, 0.f);
+}
+
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
+            float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
+            float4* __restrict__ part_s) {
+    const int t = blockIdx.x, g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const i64 row0 = (i64)t * BN;
+    if (row0 >= n) return;
+    const int nrows = (int)min((i64)BN, n - row0);
+
+    __shared__ float s[G * BN];
+    __shared__ float m[G], l[G];
+    GroupQuery<T, D, G> gq;
+    gq.load(q, b, g, H, scale);
+    stream_tile_scores<T, D, G, BN>(s, gq, k_cache, b, row0, nrows, g, L_max, KVH);
+    __syncthreads();
+    tile_stats<BN>(m, l, s, G, nrows);
+    write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
+}
+
+// v3: the same outputs from a split of consecutive tiles per block, K staged through a cp.async
+// ring (async_copy.cuh) so that later stages are in flight while a stage is scored.
+// grid (n_splits, KVH, B); block s takes tiles [s*tiles_per_split, (s+1)*tiles_per_split).
+// Shared memory (kernels.py: score_smem_bytes): ring [SC_STAGES][kRows][D] T | s [G][BN] f32 | m, l [G]
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
+                  float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_split,
+                  float* __restrict__ scores, float4* __restrict__ part_s) {
+    using GQ = GroupQuery<T, D, G>;
+    constexpr int kRG = GQ::kRowGroups;
+    constexpr int kMaxRows = 2 * SC_STAGE_BYTES / (D * (int)sizeof(T));
+    constexpr int kRows = kMaxRows < BN ? kMaxRows : BN;           // rows per ring stage
+    constexpr int kStagesPerTile = BN / kRows;
+    constexpr int U = kRows / kRG;                                   // rows per row group per stage
+    static_assert(U >= 1 && kRows % kRG == 0 && BN % kRows == 0, "stage shape");
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int t_begin = blockIdx.x * tiles_per_split;
+    const int t_end = min(t_begin + tiles_per_split, (n + BN - 1) / BN);
+    if (t_begin >= t_end) return;
+    const i64 row_begin = (i64)t_begin * BN, row_end = n;
+    const int n_stages = (t_end - t_begin) * kStagesPerTile;
+    const i64 head0 = b * H + (i64)g * G;
+    const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* ring = reinterpret_cast<T*>(smem);
+    float* s = reinterpret_cast<float*>(ring + SC_STAGES * kRows * D);
+    float* m = s + G * BN;
+    float* l = m + G;
+
+#pragma unroll
+    for (int st = 0; st < SC_STAGES - 1; ++st) {
+        if (st < n_stages)
+            issue_stage<T, D, kRows, 1>(ring + st * kRows * D, k_cache, k_cache, b, row_begin + (i64)st * kRows,
+                                        row_end, g, L_max, KVH);
+        cp_async_commit();
+    }
+    GQ gq;
+    gq.load(q, b, g, H, scale);
+    for (int st = 0; st < n_stages; ++st) {
+        cp_async_wait<SC_STAGES - 2>();
+        __syncthreads();
+        const int next = st + SC_STAGES - 1;
+        if (next < n_stages)
+            issue_stage<T, D, kRows, 1>(ring + (next % SC_STAGES) * kRows * D, k_cache, k_cache, b,
+                                        row_begin + (i64)next * kRows, row_end, g, L_max, KVH);
+        cp_async_commit();
+        const T* stage = ring + (st % SC_STAGES) * kRows * D;
+        const int t = t_begin + st / kStagesPerTile;
+        const i64 tile_row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - tile_row0);
+        const int r0 = (st % kStagesPerTile) * kRows;               // first row of the stage in its tile
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int r = u * kRG + rg, j = r0 + r;
+            Chunk<T> kc; kc.load(stage + r * D + dg * SC_CHUNK);
+            float sc[G];
+            gq.scores(kc, sc);
+            if (dg == 0)
+#pragma unroll
+                for (int h = 0; h < G; ++h) s[h * BN + j] = j < nrows ? sc[h] : -SC_INF;
+        }
+        if (st % kStagesPerTile == kStagesPerTile - 1) {            // tile t complete
+            __syncthreads();
+            tile_stats<BN>(m, l, s, G, nrows);
+            write_tile_stash<BN>(scores, part_s, s, m, l, G, head0, L_max, tile_row0, nrows, T_max, t);
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// ---- v4 helpers (santa_score_mma) ---------------------------------------------------------
+// The stash of one 8-key n-tile of a step: thread (gi, tq) holds keys c + 2 tq + {0, 1} of its
+// row (c = 16 st + 8 j), x0/x1; dst = the row's stash at the tile's first key; lim = (rows in
+// the tile) - 2 tq, so key c + 2 tq + e exists iff c + e < lim.
+__device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq, int lim, float x0, float x1) {
+    const int r = c + 2 * tq;
+    if (pairs && c + 1 < lim) *reinterpret_cast<float2*>(dst + r) = make_float2(x0, x1);
+    else {
+        if (c < lim) dst[r] = x0;
+        if (c + 1 < lim) dst[r + 1] = x1;
+    }
+}
+
+// v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per run of consecutive tiles, no
+// block-level sync: grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B); warp w of block x takes
+// chunk c = 4x + w, i.e. tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) that are < T_max and
+// start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
+// decode_dense_mma); each step's scores go straight to the stash and into per-thread online
+// (m, l) (OnlineStats), combined over the 4 threads of a group at the tile's end into part_s.
+// K goes through two register buffers by a step counter that runs across the warp's tiles:
+// while step k computes, step k + 1 is loading, the first step of the next tile included, so
+// the K stream does not stop at tile boundaries. Holding no scores keeps it at 136 registers with
+// a real step in flight at BN 128, D 128, G 4 (holding the tile's scores for a two-pass max/sum
+// took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
+// bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
+// faster (BENCHMARKS.md, step 8).
+// kRing: the K stream of KeyRing (SC_KEY_RING steps a warp in shared memory, SC_KEY_RING - 1 in
+// flight) instead of KeyRun's register double buffer; dynamic shared memory 4 x
+// KeyRing::kBytesPerWarp (kernels.py: score_smem_bytes(..., "mma_ring")). Opt-in (score_kernel
+// "mma_ring"): measured even with KeyRun on the H200 (B=1 32k score + prefix 24.0 vs 25.5 us,
+// B=16 32k 286 vs 279 us; BENCHMARKS.md step 9), so KeyRun stays the default.
+#define SC_KEY_RING 4
+
+template <bool kRing, typename T, int D, int BN> struct KeyStream { using type = KeyRun<T, D, BN>; };
+template <typename T, int D, int BN> struct KeyStream<true, T, D, BN> { using type = KeyRing<T, D, BN, SC_KEY_RING>; };
+
+template <typename T, int D, int BN, int G, bool kRing>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
+                float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
+                float4* __restrict__ part_s) {
+    static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
+    static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
+    constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gi = lane >> 2, tq = lane & 3;
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
+    const int t_end = min(t_begin + tiles_per_warp, min(T_max, (n + BN - 1) / BN));
+    if (t_begin >= t_end) return;                        // whole warp
+    const i64 head0 = b * H + (i64)g * G;
+    // This thread's stash rows: head gi (and gi + 8); 8-byte aligned pairs when the row starts even.
+    float* stash_lo = scores + (head0 + gi) * L_max;
+    float* stash_hi = scores + (head0 + gi + 8) * L_max;
+    const bool pairs_lo = ((head0 + gi) * L_max & 1) == 0, pairs_hi = ((head0 + gi + 8) * L_max & 1) == 0;
+    const bool own_lo = gi < G, own_hi = kHi && gi + 8 < G;
+
+    MmaQuery<T, D, G> mq;
+    mq.load(q, head0, gi, tq);
+
+    typename KeyStream<kRing, T, D, BN>::type kr;
+    const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
+    if constexpr (kRing) {
+        extern __shared__ __align__(16) unsigned char smem[];
+        kr.start(smem + warp * decltype(kr)::kBytesPerWarp, k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
+    } else {
+        kr.start(k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
+    }
+    for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
+        const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
+        const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
+        // Tile t + 1 if the warp owns it, else the empty range [row0, row0): its first step loads nothing.
+        const bool has_next = t + 1 < t_end;
+        const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
+        OnlineStats lo, hi;
+        kr.score_tile(mq, t - t_begin, k_cache, b, row0, row_end, next0, next_end, g, L_max, KVH, gi, tq,
+                      [&](int st, int j, const float (&acc)[4]) {
+            const int c = 16 * st + 8 * j;
+            float sc[4];                                 // scores (natural-log scale), -inf past n
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[e] = c + (e & 1) < lim ? acc[e] * scale : -SC_INF;
+            if (own_lo) stash_pair(stash_lo + row0, pairs_lo, c, tq, lim, sc[0], sc[1]);
+            if (own_hi) stash_pair(stash_hi + row0, pairs_hi, c, tq, lim, sc[2], sc[3]);
+            lo.push2(sc[0], sc[1]);
+            if (kHi) hi.push2(sc[2], sc[3]);
+        });
+        lo.reduce_group();
+        if (kHi) hi.reduce_group();
+        if (tq == 0) {
+            if (own_lo) part_s[(head0 + gi) * T_max + t] = make_float4(lo.m, lo.l, 0.f, 0.f);
+            if (own_hi) part_s[(head0 + gi + 8) * T_max + t] = make_float4(hi.m, hi.l, 0.f, 0.f);
+        }
+    }
+}

@@ -1,0 +1,541 @@
+// santa_tile.cu — S2ANTA per-tile sample and gather-add (pass 2), and the fused fixed budget.
+//
+// grid (T_max, KVH, B), block SC_NTHREADS; one block = one tile of BN rows of one KV group.
+// Scores come from the stash of santa_score.cu (own_scores 0: budgets global and largest_remainder,
+// and the fixed budget of a plan whose fused run takes the warp pass 2 below, so that its
+// standalone stages see the same scores) or, own_scores 1 (budget fixed only), are computed here
+// from K (one fused pass). mode:
+//   0 fused: sample, gather-add (tiles without samples return early and write nothing), write part_o[b,h,t,:] = sum c V and part_s[b,h,t] =
+//            (m_t, l_t, sum c ||V||^2, ||sum c V||^2); rows_read[b,g] += distinct rows read
+//   1 sample only: write counts[b, h, j] for the tile's rows
+//   2 gather only: read counts[b, h, j] instead of sampling, then as mode 0
+// Tiles past n_b exit at once. The RNG key of a head is head_key(seed, *step, layer, b, h).
+//
+// Shared memory (santa_cupy/kernels.py:tile_smem_bytes):
+//   cum [G][BN] f32 | cnt [G][BN] i32 | acc [RG][G][D] f32 | m2p [RG][G] f32 | rows [BN] i32 |
+//   warp_tot [4] i32 | m, l [G] f32 | draws [G] HeadDraw
+#include "common.cuh"
+#include "tile.cuh"
+#include "santa_sample.cuh"
+#include "santa_gather.cuh"
+#include "stream.cuh"
+#include "async_copy.cuh"
+#include "gather_mma.cuh"
+
+#define SC_MODE_FUSED 0
+#define SC_MODE_SAMPLE 1
+#define SC_MODE_GATHER 2
+
+__device__ __forceinline__ unsigned char* align16(unsigned char* p) {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<u64>(p) + 15ull) & ~15ull);
+}
+
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+           const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
+           int budget, int sampler, int samples, int mode, int own_scores, u64 seed, const i64* __restrict__ step,
+           int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+           const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
+           int* __restrict__ counts, int* __restrict__ rows_read) {
+    constexpr int kThreadsPerRow = D / SC_CHUNK;
+    constexpr int kRowGroups = SC_NTHREADS / kThreadsPerRow;
+    const int t = blockIdx.x, g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const i64 row0 = (i64)t * BN;
+    if (row0 >= n) return;
+    const int nrows = (int)min((i64)BN, n - row0);
+    const int n_tiles = (n + BN - 1) / BN;
+    const i64 head0 = b * H + (i64)g * G;        // flat (b, h) index of the group's first head
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* cum = reinterpret_cast<float*>(smem);
+    int* cnt = reinterpret_cast<int*>(cum + G * BN);
+    float* acc = reinterpret_cast<float*>(cnt + G * BN);
+    float* m2p = acc + kRowGroups * G * D;
+    int* rows = reinterpret_cast<int*>(m2p + kRowGroups * G);
+    int* warp_tot = rows + BN;
+    float* m = reinterpret_cast<float*>(warp_tot + 4);
+    float* l = m + G;
+    HeadDraw* draws = reinterpret_cast<HeadDraw*>(align16(reinterpret_cast<unsigned char*>(l + G)));
+
+    // ---- tile stats (and, own_scores, the scores, into cum) ----
+    if (own_scores) {                            // fused (budget fixed, one pass): score the tile here
+        GroupQuery<T, D, G> gq;
+        gq.load(q, b, g, H, scale);
+        stream_tile_scores<T, D, G, BN>(cum, gq, k_cache, b, row0, nrows, g, L_max, KVH);
+        __syncthreads();
+        tile_stats<BN>(m, l, cum, G, nrows);
+    } else {                                     // two-pass: stats of santa_score.cu
+        for (int h = threadIdx.x; h < G; h += SC_NTHREADS) {
+            const float4 st = part_s[(head0 + h) * T_max + t];
+            m[h] = st.x; l[h] = st.y;
+        }
+    }
+    __syncthreads();
+
+    // ---- sample ----
+    if (mode == SC_MODE_GATHER) {
+        for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+            const int h = idx / BN, j = idx % BN;
+            cnt[idx] = j < nrows ? counts[(head0 + h) * L_max + row0 + j] : 0;
+        }
+    } else {
+        if (threadIdx.x < G) {
+            const int h = threadIdx.x;
+            const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + h));
+            setup_head_draw(&draws[h], budget, sampler, samples, key, t, n_tiles, l[h],
+                            cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
+        }
+        __syncthreads();
+        // A tile that no comb point reaches is done: part_s keeps pass 1's (m, l, 0, 0), part_o
+        // is not written (merge skips it), counts stay zero.
+        bool any_points = false;
+        for (int h = 0; h < G; ++h) any_points |= draws[h].n > 0 || draws[h].k_end > draws[h].k_begin;
+        if (!any_points) return;
+        for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+            const int h = idx / BN, j = idx % BN;
+            float sc = 0.f;
+            if (j < nrows)
+                sc = own_scores ? cum[idx] : scores[(head0 + h) * L_max + row0 + j];
+            cum[idx] = j < nrows ? __expf(sc - m[h]) : 0.f;
+            cnt[idx] = 0;
+        }
+        __syncthreads();
+        tile_cumsum<BN>(cum, G);
+        __syncthreads();
+        tile_counts<BN>(cnt, cum, draws, G, nrows, budget, sampler, samples, t);
+    }
+    __syncthreads();
+    if (mode == SC_MODE_SAMPLE) {
+        for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+            const int h = idx / BN, j = idx % BN;
+            if (j < nrows) counts[(head0 + h) * L_max + row0 + j] = cnt[idx];
+        }
+        return;
+    }
+
+    // ---- gather-add ----
+    for (int idx = threadIdx.x; idx < kRowGroups * G * D; idx += SC_NTHREADS) acc[idx] = 0.f;
+    for (int idx = threadIdx.x; idx < kRowGroups * G; idx += SC_NTHREADS) m2p[idx] = 0.f;
+    const int nsel = select_rows<BN>(rows, warp_tot, cnt, G, nrows);
+    __syncthreads();
+    gather_add<T, D, BN>(acc, m2p, rows, nsel, cnt, G, v_cache, b, row0, g, L_max, KVH);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {   // reduce the row groups
+        const int h = idx / D, d = idx % D;
+        float sum = 0.f;
+        for (int r = 0; r < kRowGroups; ++r) sum += acc[(r * G + h) * D + d];
+        part_o[((head0 + h) * T_max + t) * D + d] = sum;
+        acc[h * D + d] = sum;                    // row group 0 now holds the total
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int h = warp; h < G; h += SC_NTHREADS / 32) {
+        float sq = 0.f;
+        for (int d = lane; d < D; d += 32) sq = fmaf(acc[h * D + d], acc[h * D + d], sq);
+        sq = warp_sum(sq);
+        if (lane == 0) {
+            float m2 = 0.f;
+            for (int r = 0; r < kRowGroups; ++r) m2 += m2p[r * G + h];
+            part_s[(head0 + h) * T_max + t] = make_float4(m[h], l[h], m2, sq);
+        }
+    }
+    if (threadIdx.x == 0) atomicAdd(&rows_read[b * KVH + g], nsel);
+}
+
+// ---- v4 pass 2: one warp per run of tiles (systematic sampler, every budget, G <= 8) -----------
+// The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
+// the same closed-form comb counts) but computed in registers by the 32 lanes of one warp, each
+// owning rows [lane * BN/32, (lane + 1) * BN/32) of a tile; no block barrier, no shared
+// accumulator. Selected rows (the union over the group's heads) are gathered 4 at a time, every
+// lane adding its D/32 elements into per-head register accumulators of the tile.
+// grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS; warp w of block x
+// takes chunk c = 4x + w, tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) of its sequence.
+// Every budget's estimate is a weighted sum over tiles, so the warp sums its run and writes ONE
+// partial per chunk, into the slots of the chunk's first tile t0 (pass 1's (m, l) in .xy stay:
+// the merge's log-sum-exp reads every tile's):
+//   global / largest_remainder: part_o = sum c V, part_s.zw = (sum c ||V||^2, ||sum c V||^2);
+//     merge kind sum (o = part_o / S).
+//   fixed: S_t = max(1, S // T_b) comb points in every tile, weight w_t = (W_t / Z) / S_t with
+//     W_t / Z = cdf[t] - cdf[t-1] from santa_prefix: part_o = sum_t w_t sum c V, part_s.z =
+//     sum_t w_t^2 (sum c ||V||^2 - ||sum c V||^2 / S_t) (the tiles' variances, as merge kind
+//     fixed forms them), .w = ||part_o||^2; merge kind weighted (o = part_o, var = .z summed).
+// A chunk without comb points writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge
+// skips it (santa_merge, o_stride = tiles_per_warp).
+// The run's sums live in shared memory (each lane its own D/32 slice per head) rather than
+// registers, so they are not live through the counts phase (at bf16, D 128, BN 128, G 4: 72
+// instead of 96 registers, 80 since the one-tile-ahead loads below), for one shared
+// read-add-write per tile and head; measured faster at every point of the H200 grid
+// (BENCHMARKS.md, step 8).
+// Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
+// then per warp sums [G][D] f32; then, staged gathers, per warp SC_GATHER_STAGE_BYTES of staged V rows.
+
+
+template <typename T, int N>
+__device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
+    constexpr int kBytes = N * (int)sizeof(T);
+    static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16 || kBytes == 32, "slice size");
+    T e[N];
+    if constexpr (kBytes == 4) *reinterpret_cast<u32*>(e) = *reinterpret_cast<const u32*>(p);
+    else if constexpr (kBytes == 8) *reinterpret_cast<uint2*>(e) = *reinterpret_cast<const uint2*>(p);
+    else if constexpr (kBytes == 16) *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(p);
+    else {
+        reinterpret_cast<uint4*>(e)[0] = reinterpret_cast<const uint4*>(p)[0];
+        reinterpret_cast<uint4*>(e)[1] = reinterpret_cast<const uint4*>(p)[1];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+}
+
+// One tile's stash scores for the G heads into registers: lane holds rows lane * R .. + R - 1 of
+// every head (-inf past nrows); src = the group's first head at the tile's first row, head h at
+// src + h * stride (the stash: L_max). Issued a tile ahead, they fly while the previous tile gathers.
+template <int BN, int G>
+__device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const float* src, i64 stride, int nrows) {
+    constexpr int R = BN / 32;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            sc[h][i] = j < nrows ? src[h * stride + j] : -SC_INF;
+        }
+}
+
+// Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
+// the ordered list of the selected rows (the union over the heads, row order) into rows[];
+// returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
+// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; sc = warp_tile_scores.
+template <int BN, int G>
+__device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
+                                                const float (&sc)[G][BN / 32], int nrows) {
+    constexpr int R = BN / 32;
+    const int lane = threadIdx.x & 31;
+    bool any_row[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) any_row[i] = false;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        HeadDraw d;
+        d.a = __shfl_sync(0xffffffffu, my.a, h);
+        d.off = __shfl_sync(0xffffffffu, my.off, h);
+        d.n = __shfl_sync(0xffffffffu, my.n, h);
+        const float m_h = __shfl_sync(0xffffffffu, my_m, h);
+        float c[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            c[i] = j < nrows ? __expf(sc[h][i] - m_h) : 0.f;
+        }
+        float run = 0.f;                                   // tile_cumsum's order
+#pragma unroll
+        for (int i = 0; i < R; ++i) { run += c[i]; c[i] = run; }
+        const float before = warp_inclusive_scan(run) - run;
+#pragma unroll
+        for (int i = 0; i < R; ++i) c[i] += before;
+        int cb[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) cb[i] = comb_below(d, c[i]);
+        const int prev_last = __shfl_up_sync(0xffffffffu, cb[R - 1], 1);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            int count = 0;
+            if (j < nrows) {
+                const int upto = (j == nrows - 1) ? d.n : cb[i];
+                const int below = j == 0 ? 0 : (i == 0 ? prev_last : cb[i - 1]);
+                count = upto - below;
+            }
+            cnt[h * BN + j] = count;
+            any_row[i] |= count > 0;
+        }
+    }
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < R; ++i) mine += any_row[i];
+    int incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+    }
+    int k = incl - mine;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (any_row[i]) rows[k++] = lane * R + i;
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, incl, 31);
+}
+
+// Gather-add of the nsel selected rows of one tile (first row row0), kGather V rows in flight:
+// acc[h][e] += c_h(j) V_j[lane*E + e];  m2p[h] += c_h(j) * (lane's part of ||V_j||^2)
+template <typename T, int D, int BN, int G, int kGather>
+__device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
+                                                const int* rows, int nsel, const T* v_cache, i64 b, i64 row0,
+                                                int g, i64 L_max, int KVH) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < nsel; base += kGather) {           // warp-uniform
+        float v[kGather][E];
+        int jr[kGather];
+#pragma unroll
+        for (int u = 0; u < kGather; ++u) {
+            const bool ok = base + u < nsel;
+            jr[u] = ok ? rows[base + u] : -1;
+            if (ok) load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + jr[u], g, L_max, KVH) + lane * E, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kGather; ++u) {
+            if (jr[u] < 0) continue;
+            float sq = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) sq = fmaf(v[u][e], v[u][e], sq);
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const int ch = cnt[h * BN + jr[u]];
+                if (ch == 0) continue;
+                const float cf = (float)ch;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[h][e] = fmaf(cf, v[u][e], acc[h][e]);
+                m2p[h] = fmaf(cf, sq, m2p[h]);
+            }
+        }
+    }
+}
+
+// The same gather-add with the selected rows staged through shared memory by cp.async, kRows
+// rows per round (4 KB per warp): a tile's rows are in flight together without holding registers,
+// so a tile of many selected rows (the fixed budget at large S_t) costs ceil(nsel / kRows) round
+// trips instead of ceil(nsel / 4). Each lane copies and reads back only its own D/32 elements of
+// every row, so its cp.async wait is all the synchronisation needed. stage: this warp's [kRows][D].
+template <typename T, int D, int BN, int G, int kRows>
+__device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
+                                                       const int* rows, int nsel, T* stage, const T* v_cache,
+                                                       i64 b, i64 row0, int g, i64 L_max, int KVH) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    T* mine = stage + lane * E;
+    for (int base = 0; base < nsel; base += kRows) {                // warp-uniform
+        const int m = min(kRows, nsel - base);
+#pragma unroll
+        for (int u = 0; u < kRows; ++u)
+            if (u < m)
+                cp_async_bytes<E * (int)sizeof(T)>(mine + u * D,
+                                                   cache_row<T, D>(v_cache, b, row0 + rows[base + u], g, L_max, KVH) + lane * E);
+        cp_async_commit();
+        cp_async_wait<0>();
+        for (int u = 0; u < m; ++u) {
+            const int j = rows[base + u];
+            float v[E];
+            load_slice<T, E>(mine + u * D, v);
+            float sq = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) sq = fmaf(v[e], v[e], sq);
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const int ch = cnt[h * BN + j];
+                if (ch == 0) continue;
+                const float cf = (float)ch;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[h][e] = fmaf(cf, v[e], acc[h][e]);
+                m2p[h] = fmaf(cf, sq, m2p[h]);
+            }
+        }
+    }
+}
+
+// kGather: how a tile's selected V rows are gathered and added (kernels.py picks by the rows a
+// tile is expected to select): SC_GATHER_REGS 4 rows at a time in registers (warp_gather_add),
+// SC_GATHER_STAGED kRows at a time through shared memory (warp_gather_add_staged), SC_GATHER_MMA
+// staged likewise, then on tensor cores (gather_mma.cuh; fp16/bf16 at D 64/128 only, and a tile
+// whose counts are not exact in T takes the staged FMA gather).
+#define SC_GATHER_REGS 0
+#define SC_GATHER_STAGED 1
+#define SC_GATHER_MMA 2
+template <typename T, int D, int BN, int G, int kGather>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
+                int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
+                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
+                int* __restrict__ rows_read) {
+    static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
+    constexpr int E = D / 32;                // elements of a V row per lane
+    constexpr int kWarps = SC_NTHREADS / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int n_tiles = (n + BN - 1) / BN;
+    const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
+    const int t_end = min(t0 + tiles_per_warp, n_tiles);
+    if (t0 >= t_end) return;                                   // whole warp
+    const bool fixed = budget == SC_BUDGET_FIXED;
+    // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
+    const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
+    const i64 head0 = b * H + (i64)g * G;
+    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
+    extern __shared__ __align__(16) unsigned char smem[];
+    int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
+    int* rows = cnt + G * BN;                                          // [BN]
+    // this warp's [G][D] run sums (lane-private slices, so no synchronisation)
+    float* sums_w = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D);
+    float* sums = sums_w + lane * E;
+    // SC_GATHER_MMA: the results sit in the mma fragment layout, so they are added to sums_w by
+    // (head, dim), not lane slices
+    static_assert(kGather != SC_GATHER_MMA || MmaGatherable<T, D>::value, "mma gather: fp16/bf16, D 64/128");
+    constexpr bool kMma = kGather == SC_GATHER_MMA;
+    // staged gathers: this warp's [kStageRows][D] staging rows after the 4 warps' sums (16-byte aligned)
+    constexpr int kStageRows = SC_GATHER_STAGE_BYTES / (D * (int)sizeof(T));
+    T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN + G * D)) +
+               warp * kStageRows * D;
+
+    float m2p[G];                            // this lane's part of part_s.z (sum c ||V||^2 or the variance)
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m2p[h] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) sums[h * D + e] = 0.f;
+    }
+    // A tile's work is a chain: its inputs (lane h < G: head h's pass-1 (m, l), the prefix's C_t,
+    // the allocation) decide its comb; the comb says whether its stash scores are needed; the
+    // scores give the counts and so the V rows. The chain is pipelined across tiles: inputs are
+    // loaded two tiles ahead, and the next tile's comb is set up (and its stash scores issued)
+    // before this tile's gather, so its DRAM round trip overlaps this tile's.
+    // C_{t-1} is the previous tile's C_t, so only C_t travels ahead.
+    constexpr int R = BN / 32;
+    const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
+    float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
+    double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf[head_row + t0 - 1] : 0.0;
+    int alloc_ahead = 0;
+    auto fetch = [&](int t) {
+        if (lane < G && t < t_end) {
+            st_ahead = *reinterpret_cast<const float2*>(part_s + head_row + t);
+            cc_ahead = cdf[head_row + t];
+            if (budget == SC_BUDGET_LR) alloc_ahead = alloc[head_row + t];
+        }
+    };
+    // The next tile's comb (lane h < G: head h), tile max, weight (fixed: (W_t / Z) / S_t), whether
+    // any head has a comb point there, and its stash scores when one has.
+    HeadDraw my_next;
+    float m_next = 0.f, w_next = 1.f, sc_next[G][R];
+    bool any_next = false;
+    auto plan_tile = [&](int t) {                  // t < t_end; its inputs were fetched
+        const float2 st = st_ahead;
+        const double cp = c_before, cc = cc_ahead;
+        const int alloc_t = alloc_ahead;
+        c_before = cc;
+        fetch(t + 1);
+        if (lane < G) {
+            m_next = st.x;
+            setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, cp, cc,
+                                 alloc_t);
+            if (fixed) w_next = (float)(cc - cp) * inv_s_t;
+        } else {
+            my_next.n = 0; my_next.a = 0.f; my_next.off = 0.f; my_next.l = 0.f;
+        }
+        any_next = __ballot_sync(0xffffffffu, lane < G && my_next.n > 0) != 0u;
+        if (any_next)
+            warp_tile_scores<BN, G>(sc_next, scores + head0 * L_max + (i64)t * BN, L_max,
+                                    (int)min((i64)BN, n - (i64)t * BN));
+    };
+    fetch(t0);
+    plan_tile(t0);
+    int rows_total = 0;                      // distinct (tile, row) pairs read
+    for (int t = t0; t < t_end; ++t) {
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+        const HeadDraw my = my_next;
+        const float my_m = m_next, my_w = w_next;
+        const bool any = any_next;
+        // this tile's counts (into cnt, rows) free sc_next for the next tile's scores, issued
+        // before this tile's gather
+        const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows) : 0;
+        if (t + 1 < t_end) plan_tile(t + 1);
+        if (!any) continue;                  // no comb point here
+        if constexpr (kMma) {
+            // counts exact in T: no head draws more than kMaxCount points here (n bounds a count)
+            if (__ballot_sync(0xffffffffu, lane < G && my.n > MmaGather<T, D, BN, G>::kMaxCount) == 0u) {
+                MmaGather<T, D, BN, G> mg;
+                mg.run(cnt, rows, nsel, stage, v_cache, b, row0, g, L_max, KVH);
+                // thread (gi, t) holds dims mt*16 + gi (+ 8) of heads 2t, 2t + 1 (gather_mma.cuh)
+                const int gi = lane >> 2, tq = lane & 3;
+                float q2[2] = {0.f, 0.f};        // this thread's part of ||sum c V||^2, heads 2t, 2t + 1
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int h = 2 * tq + hh;
+                    const float w = __shfl_sync(0xffffffffu, my_w, h);
+                    if (h < G) {
+#pragma unroll
+                        for (int mt = 0; mt < MmaGather<T, D, BN, G>::MT; ++mt)
+#pragma unroll
+                            for (int half = 0; half < 2; ++half) {
+                                const float x = mg.acc[mt][2 * half + hh];
+                                float& s = sums_w[h * D + mt * 16 + gi + 8 * half];
+                                s = fmaf(w, x, s);
+                                q2[hh] = fmaf(x, x, q2[hh]);
+                            }
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float w = __shfl_sync(0xffffffffu, my_w, h);
+                    const float q = (h >> 1) == tq ? q2[h & 1] : 0.f;
+                    m2p[h] = fmaf(w * w, mg.m2[h] - q * inv_s_t, m2p[h]);   // global: w = 1, inv_s_t = 0
+                }
+                rows_total += nsel;
+                __syncwarp();                    // cnt, rows and the stage are rewritten by the next tile
+                continue;
+            }
+        }
+        float tile[G][E], tile_m2[G];        // this tile's sum c V and this lane's part of sum c ||V||^2
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            tile_m2[h] = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
+        }
+        if constexpr (kGather != SC_GATHER_REGS)
+            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, v_cache, b, row0,
+                                                            g, L_max, KVH);
+        else
+            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float w = __shfl_sync(0xffffffffu, my_w, h);
+            float q2 = 0.f;                  // this lane's part of ||sum c V||^2
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                sums[h * D + e] = fmaf(w, tile[h][e], sums[h * D + e]);
+                q2 = fmaf(tile[h][e], tile[h][e], q2);
+            }
+            m2p[h] = fmaf(w * w, tile_m2[h] - q2 * inv_s_t, m2p[h]);   // global: w = 1, inv_s_t = 0
+        }
+        rows_total += nsel;
+        __syncwarp();                        // cnt and rows are rewritten by the next tile
+    }
+    if (rows_total == 0) return;             // no comb point in the chunk: part_s[., t0].zw stay 0
+    // The chunk's partial in t0's slots: part_o[b, h, t0, :] = sums, part_s.zw = (m2 or var, ||sums||^2).
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float sq = 0.f;
+        float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const float x = sums[h * D + e];
+            dst[e] = x;
+            sq = fmaf(x, x, sq);
+        }
+        sq = warp_sum(sq);
+        const float m2 = warp_sum(m2p[h]);
+        if (lane == 0) {
+            float4* st = part_s + (head0 + h) * T_max + t0;
+            st->z = m2;
+            st->w = sq;
+        }
+    }
+    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
+}

@@ -1,0 +1,129 @@
+"""``santa-cupy generate`` (and the ``models`` group re-exported for cli.py).
+
+Text mode streams the generated text to stdout; JSON mode prints exactly one JSON object to
+stdout. Progress and timings go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from llama_min.models_cli import models  # noqa: F401  (cli.py imports it from here)
+
+
+def _pick_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        from llama_min.model import _import_cupy
+        _import_cupy()
+        return "gpu"
+    except RuntimeError:
+        return "cpu"
+
+
+def _log(msg):
+    click.echo(msg, err=True)
+
+
+@click.command("generate")
+@click.option("--model", "model_name", default=None, metavar="PATH|NAME",
+              help="Checkpoint directory, .gguf file or cached model name (default: SmolLM2-135M-Instruct).")
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the prompt from a file ('-' = stdin).")
+@click.option("--chat/--no-chat", default=None,
+              help="Wrap the prompt in the chat template (default: on when the tokenizer has one).")
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option("--greedy", is_flag=True, default=False, help="Greedy decoding (the default when no sampling option is given).")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=None, help="Sample with this temperature.")
+@click.option("--top-k", type=click.IntRange(min=0), default=None, help="Sample from the k most likely tokens.")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None, help="Nucleus sampling mass.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of token sampling and of SANTA attention.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="Compute/KV dtype (default: float32 on CPU, float16 on GPU).")
+@click.option("--attention", "method", type=click.Choice(["dense", "santa"]), default="dense", show_default=True)
+@click.option("--samples", type=click.IntRange(min=1), default=256, show_default=True, help="SANTA samples per head.")
+@click.option("--sampler", type=click.Choice(["iid", "stratified", "systematic"]), default="systematic", show_default=True)
+@click.option("--budget", type=click.Choice(["fixed", "global", "largest_remainder"]), default="global", show_default=True)
+@click.option("--cuda-graph/--no-cuda-graph", default=None,
+              help="GPU: replay the decode step as a CUDA graph (default: on for the GPU).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def generate(model_name, prompt, prompt_file, chat, max_new_tokens, greedy, temperature, top_k, top_p,
+             seed, device, dtype, method, samples, sampler, budget, cuda_graph, fmt):
+    """Generate text with a Llama-architecture model, dense or SANTA decode attention."""
+    from llama_min.generate import SamplingConfig, generate as run_generate
+    from llama_min.model import AttentionConfig, LlamaModel
+    from llama_min.models import resolve_model
+    from llama_min.tokenizer import Tokenizer
+
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt and --prompt-file")
+    text_in = prompt if prompt is not None else prompt_file.read()
+    sampling_opts = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
+    if greedy and sampling_opts:
+        raise click.UsageError(f"--greedy conflicts with --{next(iter(sampling_opts)).replace('_', '-')}")
+    sampling = SamplingConfig(greedy=not sampling_opts, seed=seed, **sampling_opts)
+    attention = AttentionConfig(method=method, samples=samples, sampler=sampler, budget=budget, seed=seed)
+    device = _pick_device(device)
+    if cuda_graph and device != "gpu":
+        raise click.UsageError("--cuda-graph needs --device gpu")
+    cuda_graph = device == "gpu" if cuda_graph is None else cuda_graph
+
+    try:
+        path = resolve_model(model_name, progress=True)
+        _log(f"loading {path} on {device} ...")
+        model = LlamaModel.from_pretrained(path, device=device, dtype=dtype)
+        tok = Tokenizer.from_dir(path)
+    except (ValueError, RuntimeError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+
+    use_chat = tok.has_chat_template if chat is None else chat
+    try:
+        if use_chat:
+            ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text_in}]),
+                             add_special_tokens=False)
+        else:
+            ids = tok.encode(text_in)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    stop_ids = list(dict.fromkeys(list(tok.eos_ids) + list(model.cfg.eos_token_id)))
+
+    stream = tok.stream_decoder()
+    on_token = None
+    if fmt == "text":
+        def on_token(t):
+            piece = stream.push(t)
+            if piece:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    try:
+        res = run_generate(model, ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                           attention=attention, stop_ids=stop_ids, on_token=on_token, use_graph=cuda_graph)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+    t = res.timings
+    if fmt == "text":
+        sys.stdout.write(stream.flush() + "\n")
+        sys.stdout.flush()
+    else:
+        out = {
+            "model": str(path),
+            "prompt_tokens": list(res.prompt_tokens),
+            "generated_tokens": list(res.generated_tokens),
+            "text": tok.decode(res.generated_tokens),
+            "attention": attention.as_dict(),
+            "timings": {k: t[k] for k in ("prefill_s", "decode_s", "tokens_per_s")},
+            "stop_reason": res.stop_reason,
+            "device": device,
+            "dtype": model.kv_dtype,
+            "sampling": sampling.as_dict(),
+        }
+        click.echo(json.dumps(out))
+    _log(f"{len(res.prompt_tokens)} prompt tokens, {len(res.generated_tokens)} generated ({res.stop_reason}); "
+         f"prefill {t['prefill_s']:.3f} s, decode {t['decode_s']:.3f} s, {t['tokens_per_s']:.1f} tokens/s")

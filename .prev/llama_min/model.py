@@ -1,0 +1,549 @@
+"""A minimal Llama decoder on NumPy (CPU) or CuPy (GPU), one code path with `xp`.
+
+Shapes: B batch, T tokens, d hidden, H query heads, KVH KV heads, G = H // KVH, D head dim,
+I intermediate, V vocab, L_max cache capacity.
+
+- Residual stream in float32; matmuls in `model.mm_dtype` (float32, or float16 on GPU);
+  KV cache / decode attention in `model.kv_dtype` ("float32" | "float16" | "bfloat16", the
+  latter stored as uint16 bit patterns as in santa_cupy).
+- Prefill: dense causal attention of each chunk (CHUNK tokens) against the cache.
+- Decode: one token per sequence; attention through `santa_cupy.decode_attention`
+  (CPU + method="dense" uses the float32 NumPy dense decode below, so the CPU path does not depend
+  on santa_cupy). The GPU step does no host synchronisation: positions are the device array
+  `cache.lengths`, so `GraphDecoder` can capture it as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from llama_min.config import LlamaConfig, load_config
+from llama_min.weights import LAYER_WEIGHT_NAMES, WEIGHT_NAMES, Checkpoint, expected_shapes
+
+CHUNK = 512  # prefill chunk length (tokens)
+
+# (device, requested dtype) -> (matmul dtype, KV-cache dtype name). None = the device default.
+# CuPy has no bf16 GEMM: "bfloat16" keeps bf16 in the KV cache / attention and float32 matmuls.
+DTYPE_PLAN = {
+    ("cpu", None): ("float32", "float32"),
+    ("cpu", "float32"): ("float32", "float32"),
+    ("cpu", "float16"): ("float32", "float16"),
+    ("cpu", "bfloat16"): ("float32", "bfloat16"),
+    ("gpu", None): ("float16", "float16"),
+    ("gpu", "float32"): ("float32", "float32"),
+    ("gpu", "float16"): ("float16", "float16"),
+    ("gpu", "bfloat16"): ("float32", "bfloat16"),
+}
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Decode attention settings (passed through to santa_cupy.decode_attention)."""
+
+    method: str = "dense"        # "dense" | "santa"
+    samples: int = 256
+    sampler: str = "systematic"  # "iid" | "stratified" | "systematic"
+    budget: str = "global"       # "fixed" | "global" | "largest_remainder"
+    seed: int = 0
+    block_n: int | None = None   # None: santa_cupy's default for the method and head dim
+
+    def __post_init__(self):
+        if self.method not in ("dense", "santa"):
+            raise ValueError(f"attention method must be 'dense' or 'santa', got {self.method!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _import_cupy():
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:  # ImportError, CUDARuntimeError, ...
+        raise RuntimeError(f"device='gpu' needs CuPy and a CUDA GPU ({type(e).__name__}: {e})") from None
+    return cupy
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """[D/2] float64 inverse frequencies, with Llama 3.1 ('llama3') scaling if configured."""
+    D = cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv
+    factor, lo, hi, old = (rs[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                            "original_max_position_embeddings"))
+    wavelen = 2 * np.pi / inv
+    smooth = np.clip((old / wavelen - lo) / (hi - lo), 0.0, 1.0)  # 0: long waves, 1: short waves
+    return (1 - smooth) * inv / factor + smooth * inv
+
+
+class KVCache:
+    """Preallocated KV cache: k[l], v[l] are [B, L_max, KVH, D] (santa_cupy layout).
+
+    `lengths` [B] int32 (device array on GPU) = tokens stored per sequence; `length` is its host
+    mirror (all rows are equal); `step` counts decode steps (the SANTA RNG step)."""
+
+    def __init__(self, xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype):
+        shape = (batch, max_len, kvh, head_dim)
+        self.k = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
+        self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
+        self.lengths = xp.zeros((batch,), xp.int32)
+        self.plans = {}                               # AttentionConfig -> santa_cupy.DecodePlan (GPU)
+        self.length = 0
+        self.step = 0
+        self.batch, self.max_len = batch, max_len
+
+    def reset(self):
+        self.lengths[...] = 0
+        self.length = 0
+        self.step = 0
+
+
+class LlamaModel:
+    def __init__(self, cfg: LlamaConfig, weights: dict, xp, device: str, mm_dtype: str, kv_dtype: str):
+        self.cfg, self.w, self.xp, self.device = cfg, weights, xp, device
+        self.mm_dtype = np.dtype(mm_dtype)
+        self.kv_dtype = kv_dtype
+        self._kv_storage = np.dtype(np.uint16 if kv_dtype == "bfloat16" else kv_dtype)
+        self.H, self.KVH, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.G = self.H // self.KVH
+        self.scale = 1.0 / np.sqrt(self.D)
+        ang = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * rope_inv_freq(cfg)
+        self.cos = xp.asarray(np.cos(ang).astype(np.float32))   # [P, D/2]
+        self.sin = xp.asarray(np.sin(ang).astype(np.float32))
+        self._aranges = {}
+        self._gemm = None          # set by GraphDecoder while warming up / capturing
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(cls, path, device: str = "cpu", dtype: str | None = None) -> "LlamaModel":
+        if (device, dtype) not in DTYPE_PLAN:
+            raise ValueError(f"unsupported device/dtype: device={device!r} (cpu|gpu), "
+                             f"dtype={dtype!r} (None|float32|float16|bfloat16)")
+        xp = _import_cupy() if device == "gpu" else np
+        mm_dtype, kv_dtype = DTYPE_PLAN[(device, dtype)]
+        path = pathlib.Path(path)
+        cfg = load_config(path)
+        ckpt = Checkpoint(path)
+        glob_shapes, layer_shapes = expected_shapes(cfg)
+        mm = np.dtype(mm_dtype)
+
+        def get(name, shape):          # -> NumPy array (bf16 widened), shape-checked
+            return ckpt.get(name, shape)
+
+        def up(a, dt):                 # -> device array of dtype dt
+            return xp.asarray(np.ascontiguousarray(a, dtype=dt))
+
+        w = {"embed": up(get(WEIGHT_NAMES["embed"], glob_shapes["embed"]), mm),
+             "norm": up(get(WEIGHT_NAMES["norm"], glob_shapes["norm"]), np.float32)}
+        if cfg.tie_word_embeddings or WEIGHT_NAMES["lm_head"] not in ckpt:
+            w["lm_head"] = w["embed"]
+        else:
+            w["lm_head"] = up(get(WEIGHT_NAMES["lm_head"], glob_shapes["lm_head"]), mm)
+        layers = []
+        for i in range(cfg.num_hidden_layers):
+            t = {k: get(n.format(i=i), layer_shapes[k]) for k, n in LAYER_WEIGHT_NAMES.items()}
+            layers.append({
+                "attn_norm": up(t["attn_norm"], np.float32),
+                "wqkv": up(np.concatenate([t["wq"], t["wk"], t["wv"]], 0), mm),   # [(H+2KVH)D, d]
+                "wo": up(t["wo"], mm),                                              # [d, HD]
+                "mlp_norm": up(t["mlp_norm"], np.float32),
+                "w_gu": up(np.concatenate([t["w_gate"], t["w_up"]], 0), mm),      # [2I, d]
+                "w_down": up(t["w_down"], mm),                                      # [d, I]
+            })
+        w["layers"] = layers
+        return cls(cfg, w, xp, device, mm_dtype, kv_dtype)
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        P = self.cfg.max_position_embeddings
+        max_len = P if max_len is None else int(max_len)
+        if not 1 <= max_len <= P:
+            raise ValueError(f"max_len must be in 1..{P} (max_position_embeddings), got {max_len}")
+        return KVCache(self.xp, self.cfg.num_hidden_layers, int(batch), max_len, self.KVH, self.D,
+                       self._kv_storage)
+
+    # ------------------------------------------------------------------ small pieces
+
+    def _to_kv(self, x):
+        """float array -> KV storage dtype (bf16: round to nearest even, as uint16 bits)."""
+        xp = self.xp
+        if self.kv_dtype != "bfloat16":
+            return x.astype(self._kv_storage, copy=False)
+        bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+        return ((bits + (xp.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16).astype(xp.uint16)
+
+    def _from_kv(self, x, dtype):
+        """KV storage -> float array of `dtype`."""
+        xp = self.xp
+        if self.kv_dtype == "bfloat16":
+            x = (x.astype(xp.uint32) << 16).view(xp.float32)
+        return x.astype(dtype, copy=False)
+
+    def _rmsnorm(self, x, w):                       # x [N, d] f32 -> f32
+        xp = self.xp
+        return x * (1.0 / xp.sqrt((x * x).mean(-1, keepdims=True) + self.cfg.rms_norm_eps)) * w
+
+    @staticmethod
+    def _rope(x, cos, sin):                         # x [..., D]; cos/sin broadcast to [..., D/2]
+        h = x.shape[-1] // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        out = x.copy()                              # rotate_half convention (HF Llama)
+        out[..., :h] = x1 * cos - x2 * sin
+        out[..., h:] = x2 * cos + x1 * sin
+        return out
+
+    def _qkv(self, lw, x, cos, sin):
+        """x [N, d] f32, cos/sin [N, 1, D/2] -> q [N,H,D], k [N,KVH,D] (f32, rotated), v [N,KVH,D]."""
+        N, H, KVH, D = x.shape[0], self.H, self.KVH, self.D
+        h = self._rmsnorm(x, lw["attn_norm"]).astype(self.mm_dtype)
+        qkv = self._linear(h, lw["wqkv"]).astype(np.float32, copy=False)     # [N, (H+2KVH)D]
+        q = qkv[:, :H * D].reshape(N, H, D)
+        k = qkv[:, H * D:(H + KVH) * D].reshape(N, KVH, D)
+        v = qkv[:, (H + KVH) * D:].reshape(N, KVH, D)
+        return self._rope(q, cos, sin), self._rope(k, cos, sin), v
+
+    def _out_mlp(self, lw, x, o):
+        """Residual update: x [N,d] f32, attention output o [N, H*D] -> x after o_proj and MLP."""
+        xp, mm = self.xp, self.mm_dtype
+        x = x + self._linear(o.astype(mm), lw["wo"]).astype(np.float32, copy=False)
+        h = self._rmsnorm(x, lw["mlp_norm"]).astype(mm)
+        gu = self._linear(h, lw["w_gu"]).astype(np.float32, copy=False)       # [N, 2I]
+        I = gu.shape[1] // 2
+        g = gu[:, :I]
+        a = g * (0.5 * (1.0 + xp.tanh(0.5 * g))) * gu[:, I:]           # silu(gate) * up
+        return x + self._linear(a.astype(mm), lw["w_down"]).astype(np.float32, copy=False)
+
+    def _head(self, x):                             # x [N, d] f32 -> logits [N, V] f32
+        h = self._rmsnorm(x, self.w["norm"]).astype(self.mm_dtype)
+        return self._linear(h, self.w["lm_head"]).astype(np.float32, copy=False)
+
+    def _linear(self, x, w):
+        """x [N, K] @ w[N_out, K].T -> [N, N_out] (cuBLAS through ctypes while a graph is captured,
+        since CuPy refuses cuBLAS calls during stream capture)."""
+        if self._gemm is not None:
+            return self._gemm(x, w)
+        return x @ w.T
+
+    def _arange(self, n):
+        if n not in self._aranges:
+            self._aranges[n] = self.xp.arange(n)
+        return self._aranges[n]
+
+    # ------------------------------------------------------------------ prefill
+
+    def _forward_chunk(self, ids, cache: KVCache, start: int):
+        """ids [B, T] device ints at positions start.. -> final hidden [B*T, d] f32; fills the cache."""
+        xp = self.xp
+        B, T = ids.shape
+        H, KVH, G, D = self.H, self.KVH, self.G, self.D
+        L = start + T
+        x = self.w["embed"][ids.reshape(-1)].astype(np.float32)           # [B*T, d]
+        cos = xp.tile(self.cos[start:L], (B, 1))[:, None, :]               # [B*T, 1, D/2]
+        sin = xp.tile(self.sin[start:L], (B, 1))[:, None, :]
+        qpos = xp.arange(start, L)[:, None]
+        bias = xp.where(xp.arange(L)[None, :] <= qpos, 0.0, -np.inf).astype(np.float32)  # [T, L]
+        cdt = self.mm_dtype
+        for li, lw in enumerate(self.w["layers"]):
+            q, k, v = self._qkv(lw, x, cos, sin)
+            cache.k[li][:, start:L] = self._to_kv(k.reshape(B, T, KVH, D))
+            cache.v[li][:, start:L] = self._to_kv(v.reshape(B, T, KVH, D))
+            kk = self._from_kv(cache.k[li][:, :L], cdt)                       # [B, L, KVH, D]
+            vv = self._from_kv(cache.v[li][:, :L], cdt)
+            qg = xp.ascontiguousarray((q * np.float32(self.scale)).reshape(B, T, KVH, G, D)
+                                      .transpose(0, 2, 3, 1, 4), dtype=cdt)     # [B, KVH, G, T, D]
+            kt = xp.ascontiguousarray(kk.transpose(0, 2, 3, 1))[:, :, None]   # [B, KVH, 1, D, L]
+            vt = xp.ascontiguousarray(vv.transpose(0, 2, 1, 3))[:, :, None]   # [B, KVH, 1, L, D]
+            s = (qg @ kt).astype(np.float32) + bias                            # [B, KVH, G, T, L]
+            s = xp.exp(s - s.max(-1, keepdims=True))
+            p = (s / s.sum(-1, keepdims=True)).astype(cdt)
+            o = (p @ vt).transpose(0, 3, 1, 2, 4).reshape(B * T, H * D)       # [B*T, H*D]
+            x = self._out_mlp(lw, x, o)
+        return x
+
+    def _check_ids(self, token_ids):
+        xp = self.xp
+        if isinstance(token_ids, np.ndarray) or isinstance(token_ids, (list, tuple)):
+            ids = np.asarray(token_ids)
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+            if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+                raise ValueError(f"token ids must be in 0..{self.cfg.vocab_size - 1}, "
+                                 f"got range {ids.min()}..{ids.max()}")
+            return xp.asarray(ids.astype(np.int32))
+        return token_ids.astype(xp.int32)
+
+    def prefill(self, token_ids, cache: KVCache, chunk: int = CHUNK):
+        """token_ids [B, T] -> logits of the last position [B, V] float32 (array of model.xp).
+
+        Appends the T tokens after the cache's current length (causal, in chunks of `chunk`)."""
+        ids = self._check_ids(token_ids)
+        if ids.ndim != 2 or ids.shape[0] != cache.batch or ids.shape[1] < 1:
+            raise ValueError(f"token_ids must be [B={cache.batch}, T>=1], got shape {tuple(ids.shape)}")
+        B, T = ids.shape
+        start = cache.length
+        if start + T > cache.max_len:
+            raise ValueError(f"prompt of {T} tokens after {start} cached does not fit the cache "
+                             f"(max_len {cache.max_len})")
+        for c0 in range(0, T, chunk):
+            ids_c = ids[:, c0:c0 + chunk]
+            x = self._forward_chunk(ids_c, cache, start + c0)
+            cache.length = start + c0 + ids_c.shape[1]
+        cache.lengths[...] = cache.length
+        last = x.reshape(B, -1, x.shape[-1])[:, -1]                           # [B, d]
+        return self._head(last)
+
+    def logits_all(self, token_ids, chunk: int = CHUNK):
+        """Teacher forcing: token_ids [T] -> logits [T, V] float32 at every position."""
+        ids = self._check_ids(token_ids).reshape(1, -1)
+        T = ids.shape[1]
+        cache = self.new_cache(1, T)
+        out = self.xp.empty((T, self.cfg.vocab_size), np.float32)
+        for c0 in range(0, T, chunk):
+            x = self._forward_chunk(ids[:, c0:c0 + chunk], cache, c0)
+            out[c0:c0 + x.shape[0]] = self._head(x)
+        return out
+
+    # ------------------------------------------------------------------ decode
+
+    def decode(self, tokens, cache: KVCache, attention: AttentionConfig = AttentionConfig()):
+        """One decode step: tokens [B] -> logits [B, V] float32 (array of model.xp)."""
+        if cache.length < 1:
+            raise ValueError("decode needs a prefilled cache (call prefill first)")
+        if cache.length >= cache.max_len:
+            raise ValueError(f"KV cache is full (max_len {cache.max_len})")
+        tokens = self._check_ids(tokens).reshape(-1)
+        if tokens.shape[0] != cache.batch:
+            raise ValueError(f"tokens must be [B={cache.batch}], got shape {tuple(tokens.shape)}")
+        attn = self._eager_attention(attention, cache)
+        logits = self._decode_core(tokens, cache, attn)
+        cache.lengths += 1
+        cache.length += 1
+        cache.step += 1
+        return logits
+
+    def _eager_attention(self, att: AttentionConfig, cache: KVCache):
+        """-> attn(layer, q [B,H,D] kv-dtype, k_cache, v_cache, lengths [B]) -> [B,H,D].
+
+        CPU: dense = the float32 NumPy decode below, santa = santa_cupy.decode_attention (float64
+        reference). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
+        plan and check lengths on the host, a sync, at every call); its device step counter is
+        set to cache.step by a device-side fill, so the step stays free of host syncs."""
+        if att.method == "dense" and self.xp is np:
+            n = cache.length + 1
+            return lambda li, q, kc, vc, lens: self._dense_decode_np(q, kc, vc, lens, n)
+        import santa_cupy
+        if self.xp is not np and hasattr(santa_cupy, "DecodePlan"):
+            plan = cache.plans.get(att)
+            if plan is None:
+                plan = cache.plans[att] = self.make_plan(att, cache)
+            plan.step.fill(cache.step)
+            # the plan was built for this model's shapes: skip run()'s per-call input checks
+            return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li, validate=False)
+        step = cache.step
+
+        def attn(li, q, kc, vc, lens):
+            return santa_cupy.decode_attention(
+                q, kc, vc, lens, method=att.method, samples=att.samples, sampler=att.sampler,
+                budget=att.budget, seed=att.seed, step=step, layer=li, block_n=att.block_n)
+        return attn
+
+    def make_plan(self, att: AttentionConfig, cache: KVCache):
+        """A santa_cupy.DecodePlan for this model's shapes and the cache (GPU only)."""
+        import santa_cupy
+        return santa_cupy.DecodePlan(
+            batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
+            max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
+            sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
+            block_n=att.block_n, step=cache.step)
+
+    def _dense_decode_np(self, q, kc, vc, lens, n):
+        """Float32 NumPy dense decode over the first n cache rows (rows >= lens[b] masked)."""
+        B, KVH, G, D = q.shape[0], self.KVH, self.G, self.D
+        qg = self._from_kv(q, np.float32).reshape(B, KVH, G, D)
+        kk = self._from_kv(kc[:, :n], np.float32).transpose(0, 2, 3, 1)        # [B, KVH, D, n]
+        vv = self._from_kv(vc[:, :n], np.float32).transpose(0, 2, 1, 3)        # [B, KVH, n, D]
+        s = (qg @ kk) * np.float32(self.scale)                                  # [B, KVH, G, n]
+        s = np.where(np.arange(n)[None, None, None, :] < lens[:, None, None, None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        o = (s / s.sum(-1, keepdims=True)) @ vv                                 # [B, KVH, G, D]
+        return self._to_kv(o.reshape(B, KVH * G, D))
+
+    def _decode_core(self, tokens, cache: KVCache, attn):
+        """tokens [B] device int32 -> logits [B, V] f32. Reads positions from cache.lengths on
+        device (no host sync); writes K/V at those positions; does not advance anything."""
+        B = tokens.shape[0]
+        H, D = self.H, self.D
+        pos = cache.lengths                                   # [B] int32
+        lens = pos + 1
+        x = self.w["embed"][tokens].astype(np.float32)       # [B, d]
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]    # [B, 1, D/2]
+        rows = self._arange(B)
+        for li, lw in enumerate(self.w["layers"]):
+            q, k, v = self._qkv(lw, x, cos, sin)             # [B,H,D], [B,KVH,D], [B,KVH,D]
+            cache.k[li][rows, pos] = self._to_kv(k)
+            cache.v[li][rows, pos] = self._to_kv(v)
+            o = attn(li, self._to_kv(q), cache.k[li], cache.v[li], lens)
+            x = self._out_mlp(lw, x, self._from_kv(o, np.float32).reshape(B, H * D))
+        return self._head(x)
+
+
+class _CublasGemm:
+    """Row-major out = x @ w.T through cuBLAS called with ctypes on a private handle bound to one
+    stream, with a user workspace (no allocation inside cuBLAS), so it can run in stream capture.
+    x [N, K] and w [M, K] C-contiguous, same dtype (float16 or float32); fp32 accumulation."""
+
+    _CUDA_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 2}   # CUDA_R_32F, CUDA_R_16F
+    _COMPUTE_32F, _OP_N, _OP_T, _ALGO_DEFAULT = 68, 0, 1, -1
+    WORKSPACE = 32 << 20
+
+    def __init__(self, stream):
+        import ctypes
+        import cupy
+        self._ct, self._cp = ctypes, cupy
+        self.lib = ctypes.CDLL(self._find_lib())
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream.ptr)), "cublasSetStream")
+        self.workspace = cupy.empty((self.WORKSPACE,), cupy.uint8)
+        self._check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
+                                                   ctypes.c_size_t(self.WORKSPACE)), "cublasSetWorkspace")
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    @staticmethod
+    def _find_lib():
+        import cupy
+        cupy.cuda.device.get_cublas_handle()          # makes CuPy load its libcublas
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                name = path.rsplit("/", 1)[-1]
+                if name.startswith("libcublas.so"):
+                    return path
+        import ctypes.util
+        found = ctypes.util.find_library("cublas")
+        if found is None:
+            raise RuntimeError("GraphDecoder: cannot locate libcublas")
+        return found
+
+    def _check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def __call__(self, x, w):
+        cp, ct = self._cp, self._ct
+        N, K = x.shape
+        M = w.shape[0]
+        if x.dtype != w.dtype or not (x.flags.c_contiguous and w.flags.c_contiguous):
+            x = cp.ascontiguousarray(x, dtype=w.dtype)
+        out = cp.empty((N, M), w.dtype)
+        t = self._CUDA_TYPE[np.dtype(w.dtype)]
+        # column-major view: out^T [M, N] = op_T(w as [K, M]) @ x^T [K, N]
+        st = self.lib.cublasGemmEx(
+            self.handle, self._OP_T, self._OP_N, ct.c_int(M), ct.c_int(N), ct.c_int(K),
+            ct.byref(self.one), ct.c_void_p(w.data.ptr), t, ct.c_int(K),
+            ct.c_void_p(x.data.ptr), t, ct.c_int(K), ct.byref(self.zero),
+            ct.c_void_p(out.data.ptr), t, ct.c_int(M), self._COMPUTE_32F, self._ALGO_DEFAULT)
+        self._check(st, "cublasGemmEx")
+        return out
+
+    def close(self):
+        """Destroy the cuBLAS handle (idempotent). Every handle holds device memory of its own:
+        an evaluation that builds thousands of GraphDecoders runs out without this."""
+        if self.handle:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = self._ct.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:       # interpreter shutdown: the library may already be gone
+            pass
+
+
+class GraphDecoder:
+    """One GPU decode step captured as a CUDA graph (cupy.cuda.Graph).
+
+        gd = GraphDecoder(model, cache, attention)    # after model.prefill(...)
+        logits = gd.replay(tokens)                    # [B, V] f32, a static buffer (overwritten)
+
+    Static buffers: the token input and the logits output. Positions/lengths (cache.lengths) and,
+    through santa_cupy.DecodePlan, the SANTA step counter advance on device inside the graph.
+    Temporaries come from a private memory pool kept alive with the graph, so no other allocation
+    can reuse addresses the graph writes to."""
+
+    def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionConfig = AttentionConfig()):
+        if model.xp is np:
+            raise RuntimeError("GraphDecoder needs a model loaded with device='gpu'")
+        if cache.length < 1:
+            raise ValueError("GraphDecoder needs a prefilled cache")
+        import cupy
+        import santa_cupy
+        self.model, self.cache, self.attention = model, cache, attention
+        # A blocking (non-default) stream: work on the legacy default stream, e.g. cupy.asnumpy
+        # of the logits or the next token upload, waits for the replayed graph implicitly.
+        self.stream = cupy.cuda.Stream(non_blocking=False)
+        self.pool = cupy.cuda.MemoryPool()
+        att = attention
+        self.plan = None
+        model._arange(cache.batch)                   # created outside the private pool
+        if hasattr(santa_cupy, "DecodePlan"):
+            self.plan = model.make_plan(att, cache)   # its own device step counter
+            attn = lambda li, q, kc, vc, lens: self.plan.run(q, kc, vc, lens, layer=li, validate=False)  # noqa: E731
+        elif att.method == "dense":
+            attn = model._eager_attention(att, cache)
+        else:
+            raise RuntimeError("GraphDecoder with method='santa' needs santa_cupy.DecodePlan "
+                               "(a device step counter); use model.decode() instead")
+        self.gemm = _CublasGemm(self.stream)       # CuPy refuses its own cuBLAS calls in capture
+        model._gemm = self.gemm
+        try:
+            with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
+                self.tokens = cupy.zeros((cache.batch,), cupy.int32)
+                # Warm-up (compiles kernels, fills the private pool); writes K/V at the current
+                # position, which the first replay overwrites; nothing advances.
+                model._decode_core(self.tokens, cache, attn)
+                self.stream.synchronize()
+                self.stream.begin_capture()
+                try:
+                    self.logits = model._decode_core(self.tokens, cache, attn)
+                    cache.lengths += 1                   # on device, inside the graph
+                    if self.plan is not None:
+                        self.plan.advance()              # device step counter
+                finally:
+                    self.graph = self.stream.end_capture()
+            self.stream.synchronize()
+        finally:
+            model._gemm = None
+
+    def close(self):
+        """Release the graph, its memory pool and the cuBLAS handle (also on garbage collection)."""
+        self.gemm.close()
+        self.graph = self.pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def replay(self, tokens):
+        """tokens [B] (host or device ints) -> logits [B, V] float32 (static device buffer)."""
+        import cupy
+        c = self.cache
+        if c.length >= c.max_len:
+            raise ValueError(f"KV cache is full (max_len {c.max_len})")
+        with self.stream:
+            if isinstance(tokens, cupy.ndarray):
+                self.tokens[...] = tokens.astype(cupy.int32).reshape(-1)
+            else:
+                self.tokens.set(np.asarray(tokens, dtype=np.int32).reshape(-1))
+            self.graph.launch(self.stream)
+        c.length += 1
+        c.step += 1
+        return self.logits

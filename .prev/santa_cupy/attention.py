@@ -1,0 +1,417 @@
+"""The public entry points: ``decode_attention`` (one call) and ``DecodePlan`` (repeated calls).
+
+NumPy inputs run the float64 reference (santa_cupy.reference); CuPy inputs (or any GPU array that
+speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ through a DecodePlan.
+
+GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
+  dense:  decode_dense_partial (split-KV) -> santa_merge
+  santa, warp pass 2 (systematic sampler, G <= 8; every budget):
+        santa_score (stash + tile stats) -> santa_prefix -> santa_tile_warp -> santa_merge
+  santa, block pass 2 (other samplers or G > 8):
+        global / largest_remainder: santa_score -> santa_prefix -> santa_tile -> santa_merge
+        fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from santa_cupy import interop, kernels, reference, spec
+
+STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
+
+
+@dataclass
+class AttentionInfo:
+    """Diagnostics of one call (arrays of the input's array library).
+
+    lse [B, H] float32: log-sum-exp of the scaled scores.
+    rows_read [B, KVH] int32: distinct V rows read (union over the GQA group); dense: lengths.
+    spread [B, H] float32: estimated standard error of o, RMS over the D coordinates (0 for dense).
+    counts [B, H, L_max] int32 sample counts (NumPy path, or GPU with ``return_counts``); else None.
+    """
+
+    lse: Any
+    rows_read: Any
+    spread: Any
+    counts: Any = None
+
+
+def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
+                     budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
+                     return_info=False, return_counts=False):
+    """One decode step of attention for every sequence and head.
+
+    q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
+    dtypes: float16, bfloat16 (as uint16 bit patterns) or float32, the same for q, k and v; the
+    output o [B, H, D] has that dtype. ``method`` "dense" is exact; "santa" samples ``samples``
+    value rows per head (``sampler`` iid | stratified | systematic, ``budget`` fixed | global |
+    largest_remainder), reproducibly from (seed, step, layer). Returns o, or (o, AttentionInfo).
+    """
+    q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+    block_n = block_n or spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
+    shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
+                                        sampler=sampler, budget=budget, scale=scale, block_n=block_n)
+    _check_int("seed", seed, 0, 2**64 - 1)
+    _check_int("step", step, 0, 2**63 - 1)
+    _check_int("layer", layer, 0, 2**32 - 1)
+    if not spec.is_cupy_array(q):
+        return _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
+                               seed, step, layer, block_n, return_info)
+    plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
+                      max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
+                      sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
+                      step=step)
+    o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False)
+    if not (return_info or return_counts):
+        return o
+    info = plan.info()
+    if return_counts and method == "santa":
+        info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer)
+    return o, info
+
+
+def _check_int(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget, seed, step,
+                    layer, block_n, return_info):
+    out_dtype = shape.dtype_name
+    if method == "dense":
+        o, lse = reference.dense_attention(q, k_cache, v_cache, lengths, shape.scale)
+        info = AttentionInfo(lse=lse.astype(np.float32),
+                             rows_read=np.repeat(np.asarray(lengths, np.int32)[:, None], shape.KVH, axis=1),
+                             spread=np.zeros((shape.B, shape.H), np.float32))
+    else:
+        o, lse, rows_read, spread, counts = reference.santa_attention(
+            q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
+            step=step, layer=layer, scale=shape.scale, block_n=block_n)
+        info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
+                             spread=spread.astype(np.float32), counts=counts)
+    o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
+    return (o, info) if return_info else o
+
+
+class DecodePlan:
+    """Preallocated workspaces and kernels for repeated decode-attention calls of one shape on the GPU.
+
+    ``run`` allocates nothing, never syncs with the host and can be captured in a CUDA graph. The
+    RNG step lives on the device (``plan.step``, int64 [1]); ``advance()`` adds one there, so a graph
+    that ends with ``advance()`` draws fresh samples on every replay. One plan serves every layer of a
+    model (``layer`` is a field of the RNG counter); outputs are overwritten by the next ``run``.
+    """
+
+    def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
+                 samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
+                 dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None):
+        import cupy
+
+        spec.check_choice("method", method, spec.METHODS)
+        spec.check_choice("sampler", sampler, spec.SAMPLERS)
+        spec.check_choice("budget", budget, spec.BUDGETS)
+        spec.check_samples(samples)
+        if heads % kv_heads or not 1 <= heads // kv_heads <= spec.MAX_G:
+            raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "
+                             f"got heads={heads}, kv_heads={kv_heads}")
+        if head_dim not in spec.HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {spec.HEAD_DIMS}, got {head_dim}")
+        if dtype not in spec.GPU_DTYPES:
+            raise ValueError(f"dtype must be one of {spec.GPU_DTYPES}, got {dtype!r}")
+        self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
+        self.G = heads // kv_heads
+        spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
+        # "stream" (v2) | "async" (v3, cp.async ring) | "mma" (v4, tensor cores); "auto": v4 where it
+        # has an instance (fp16/bf16, D 64/128), else v2
+        self.dense_kernel = kernels.resolve_kernel_choice("dense_kernel", dense_kernel, dtype, head_dim)
+        spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
+        # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores) | "mma_ring" (v4 with its K
+        # steps in flight in a shared-memory ring; opt-in, measured even with "mma"); "auto" as for dense
+        self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
+        spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
+        # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
+        # run of tiles: systematic sampler, G <= 8, every budget; rows gathered 4 at a time) |
+        # "warp_staged" (the same, rows staged through shared memory) | "warp_mma" (staged, then
+        # added on tensor cores; fp16/bf16 at D 64/128); "auto": a warp kernel where it applies
+        # (not for the fixed budget on a small cache), staged where a tile is expected to select
+        # many rows, on tensor cores where it selects more
+        self.block_n = block_n or spec.default_block_n(method, head_dim)
+        spec.check_block_n(self.block_n)
+        rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
+        kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
+        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes,
+                                                       kernels.mma_supported(dtype, head_dim))
+        self.dtype, self.method, self.samples = dtype, method, int(samples)
+        self.sampler, self.budget, self.seed = sampler, budget, int(seed)
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
+        self._dense_fn = {"stream": self.kernels.dense, "async": self.kernels.dense_async,
+                          "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
+        # the merge: 8 partials in flight per warp where its (H, B) grid is at most one wave of SMs
+        # (latency-bound), else 4 (fewer registers, two blocks per SM)
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self._merge_fn = self.kernels.merge_wide if heads * batch <= sms else self.kernels.merge
+        self.step = cupy.full((1,), int(step), dtype=cupy.int64)
+        self.T_max = -(-max_length // self.block_n)
+        if tiles_per_warp is not None and (isinstance(tiles_per_warp, bool) or not isinstance(tiles_per_warp, int)
+                                           or tiles_per_warp < 1):
+            raise ValueError(f"tiles_per_warp must be None (automatic) or an integer >= 1, got {tiles_per_warp!r}")
+        # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
+        # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
+        self.score_tpw = self.tile_tpw = 1
+        # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
+        # budget on the block kernel, which scores its tiles itself
+        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged", "warp_mma")
+        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
+        # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
+        # score pass (KeyRun's registers or KeyRing's ring) and the warp pass 2 (register or staged gather)
+        ring, staged = self.score_kernel == "mma_ring", self.tile_kernel in ("warp_staged", "warp_mma")
+        self._score_warp_kernel = (self.kernels.score_mma_ring if ring else self.kernels.score_mma,
+                                   kernels.score_smem_bytes(dtype, head_dim, self.block_n, self.G, self.score_kernel))
+        self._warp_kernel = getattr(self.kernels, "tile_" + self.tile_kernel) if self._warp else None
+        self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
+        # how santa_merge combines the fused run's partials
+        if budget != "fixed":
+            self._merge_kind = kernels.MERGE_SUM
+        else:
+            self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
+        if method == "dense":
+            self.part_rows, self.P_max = self._dense_splits()
+        else:
+            self.P_max = self.T_max
+            self.score_tiles_per_split = self._score_splits()
+            if self.score_kernel in ("mma", "mma_ring") and two_pass:
+                self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
+            if self._warp:
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
+        # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
+        self.merge_stride = self.tile_tpw if self._warp else 1
+        B, H, P, D = batch, heads, self.P_max, head_dim
+        self.part_o = cupy.empty((B, H, P, D), cupy.float32)
+        self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
+        self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
+        self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
+        self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
+        self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
+        self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
+        self.lse = cupy.empty((B, H), cupy.float32)
+        self.spread = cupy.empty((B, H), cupy.float32)
+        self._lengths = None         # int32 copy of lengths when the caller's are not int32
+        self._last_lengths = None
+        self._no_counts = cupy.zeros((1,), cupy.int32)
+
+    def _score_splits(self):
+        """Tiles per block of the v3 score kernel: B * KVH * blocks fills the GPU ~4x over."""
+        import cupy
+
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
+        return max(1, math.ceil(self.T_max / want))
+
+    def _tiles_per_warp(self, kernel, smem):
+        """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.tiles_per_warp(self.T_max, self.B * self.KVH, slots)
+
+    def _dense_splits(self):
+        """(rows per split, splits): whole waves of resident blocks over B * KVH * splits, splits of
+        >= 256 rows (kernels.wave_fitted_parts)."""
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        kernel = self._dense_fn
+        smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
+        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        max_splits = max(1, -(-self.L_max // 256))
+        splits = kernels.wave_fitted_parts(self.B * self.KVH, max_splits, slots)
+        rows = -(-self.L_max // splits)
+        rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
+        return rows, -(-self.L_max // rows)
+
+    # ---- launches ---------------------------------------------------------------------------
+    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
+        """o [B, H, D] for this step (written into ``out`` or the plan's own buffer)."""
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        if validate:
+            shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
+                                                samples=self.samples, sampler=self.sampler, budget=self.budget,
+                                                scale=self.scale, block_n=self.block_n,
+                                                check_lengths=False, check_finite=False)
+            got = (shape.B, shape.H, shape.KVH, shape.D, shape.L_max, shape.dtype_name)
+            want = (self.B, self.H, self.KVH, self.D, self.L_max, self.dtype)
+            if got != want:
+                raise ValueError(f"inputs (B, H, KVH, D, L_max, dtype)={got} do not match the plan's {want}")
+        lengths = self._int32_lengths(lengths)
+        self._last_lengths = lengths
+        out = self._output(out)
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        if self.method == "dense":
+            kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B),
+                           (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
+                            i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
+                           kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
+            self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
+            return out
+        self.rows_read.fill(0)
+        if self.two_pass:
+            self._score_and_prefix(q, k_cache, lengths)
+        self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
+        self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
+        return out
+
+    def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0):
+        """{stage name: zero-argument callable launching just that stage} in pipeline order, for
+        timing stages one by one (bench stages). Each reads what the previous stages of the last
+        full ``run`` left in the workspaces, so call ``run`` once first."""
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        lengths = self._int32_lengths(lengths)
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        if self.method == "dense":
+            kernel = self._dense_fn
+            return {
+                f"dense split-KV ({self.dense_kernel})": lambda: kernels.launch(
+                    kernel, (self.P_max, self.KVH, self.B),
+                    (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H),
+                     i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max)),
+                    kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)),
+                "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows),
+            }
+        stages = {}
+        if self.two_pass:
+            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
+        stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(
+            q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
+        stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n, self.merge_stride)
+        return stages
+
+    def _output(self, out):
+        """The plan's own output buffer, or a caller's after checking it can take o [B, H, D]."""
+        if out is None:
+            return self.out
+        if not spec.is_cupy_array(out) or out.shape != self.out.shape or out.dtype != self.out.dtype \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous cupy array of shape {self.out.shape} and dtype "
+                             f"{self.out.dtype}, got {spec.describe(out)}")
+        return out
+
+    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None):
+        """The gather-add and merge stages alone: o from given sample counts [B, H, L_max] int32.
+
+        For the global / largest_remainder budgets o = (1/S) sum_j c_j V_j; for fixed the tile-weighted
+        form with S_t = max(1, S // T). Counts past a sequence's length are ignored.
+        """
+        import cupy
+
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        if not isinstance(counts, cupy.ndarray) or counts.dtype != cupy.int32 or \
+                counts.shape != (self.B, self.H, self.L_max) or not counts.flags.c_contiguous:
+            raise ValueError(f"counts must be a C-contiguous cupy int32 array of shape "
+                             f"{(self.B, self.H, self.L_max)}, got {type(counts).__name__} "
+                             f"{getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '?')}")
+        lengths = self._int32_lengths(lengths)
+        self._last_lengths = lengths
+        out = self._output(out)
+        self.rows_read.fill(0)
+        if self.two_pass:
+            self._score_and_prefix(q, k_cache, lengths)
+        self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts)
+        self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
+                    self.block_n)
+        return out
+
+    def _score_and_prefix(self, q, k_cache, lengths):
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
+        if self.score_kernel == "stream":
+            kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
+        elif self.score_kernel in ("mma", "mma_ring"):   # one warp per run of score_tpw tiles
+            kernel, smem = self._score_warp_kernel
+            kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
+                           (*common, i32(self.score_tpw), self.scores, self.part_s), smem)
+        else:
+            tps = self.score_tiles_per_split
+            kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
+                           (*common, i32(tps), self.scores, self.part_s),
+                           kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G, "async"))
+        kernels.launch(self.kernels.prefix, (self.H, self.B),
+                       (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
+                        i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
+                       threads=kernels.PREFIX_THREADS)
+
+    def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
+        K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
+        rows_read = self.rows_read
+        if mode == "fused" and self._warp:                          # one warp per run of tile_tpw tiles
+            kernels.launch(self._warp_kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+                           (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
+                            i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
+                            u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc, self.part_s,
+                            self.part_o, rows_read), self._warp_smem)
+            return
+        kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
+                       (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
+                        i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
+                        i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
+                        i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer), self.scores,
+                        self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read),
+                       kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
+
+    def _warp_blocks(self, tpw):
+        """Blocks (of THREADS // 32 warps) over the runs of tpw tiles of one (sequence, KV head)."""
+        return -(-(-(-self.T_max // tpw)) // (kernels.THREADS // 32))
+
+    def _merge(self, lengths, out, kind, part_rows, o_stride=1):
+        """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles)."""
+        i32 = kernels.i32
+        kernels.launch(self._merge_fn, (self.H, self.B),
+                       (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
+                        i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread),
+                       threads=kernels.MERGE_THREADS)
+
+    def _int32_lengths(self, lengths):
+        import cupy
+
+        if lengths.dtype == cupy.int32:
+            return lengths
+        if self._lengths is None:
+            self._lengths = cupy.empty((self.B,), cupy.int32)
+        self._lengths[...] = lengths        # a device-side cast, no host sync
+        return self._lengths
+
+    def advance(self, n=1):
+        """Advance the device step counter (capturable: a graph ending with this draws new samples)."""
+        for _ in range(n):
+            kernels.launch(self.kernels.advance, (1,), (self.step,), threads=1)
+
+    def info(self) -> AttentionInfo:
+        """Diagnostics of the last run (views of the plan's buffers)."""
+        if self.method == "dense":
+            import cupy
+            rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
+            return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread)
+        return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread)
+
+    def sample_counts(self, q, k_cache, lengths, *, layer=0):
+        """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).
+
+        Re-runs the score stage, so the stash and stats match the last ``run`` for the same inputs.
+        """
+        import cupy
+
+        q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths)
+        lengths = self._int32_lengths(lengths)
+        counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
+        if self.two_pass:                  # the stash the fused run samples from
+            self._score_and_prefix(q, k_cache, lengths)
+        self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts)
+        return counts

@@ -1,0 +1,273 @@
+"""Supported shapes, dtypes and limits of santa-cupy, and input validation: the one place for them.
+
+Everything here works on NumPy arrays and, without importing CuPy at import time, on CuPy arrays.
+bfloat16 has no NumPy dtype: a ``uint16`` array holds bf16 bit patterns (a uint16 array *is* bf16).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+HEAD_DIMS = (64, 128, 256)
+MAX_G = 16  # largest GQA group size G = H // KVH
+BLOCK_NS = (64, 128)  # tile sizes (rows per tile)
+DEFAULT_BLOCK_N = 128
+
+
+def default_block_n(method, head_dim) -> int:
+    """Tile rows when the caller gives none. santa: 128 (64 at head_dim 256, which bounds the
+    tile kernel's shared memory); dense: 64 (only the granularity of its split-KV partitions)."""
+    if method == "dense":
+        return 64
+    return 64 if head_dim == 256 else DEFAULT_BLOCK_N
+METHODS = ("dense", "santa")
+SAMPLERS = ("iid", "stratified", "systematic")
+BUDGETS = ("fixed", "global", "largest_remainder")
+# Local comb arithmetic is float32: keep sample counts exact integers in float32 (2**24) with margin.
+MAX_SAMPLES = 1 << 20
+GLOBAL_TILE = 0xFFFFFFFF  # RNG tile field for draws on the global comb (budget="global")
+
+# numpy dtype -> public dtype name.  float64 is accepted by the NumPy reference path only.
+DTYPE_NAMES = {
+    np.dtype(np.float16): "float16",
+    np.dtype(np.uint16): "bfloat16",
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+}
+GPU_DTYPES = ("float16", "bfloat16", "float32")
+CPU_DTYPES = GPU_DTYPES + ("float64",)
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """Validated problem size of one decode-attention call."""
+
+    B: int  # batch (sequences)
+    H: int  # query heads
+    KVH: int  # KV heads
+    G: int  # query heads per KV head (H // KVH)
+    D: int  # head dim
+    L_max: int  # KV cache capacity (rows per sequence)
+    dtype_name: str  # "float16" | "bfloat16" | "float32" | "float64"
+    scale: float  # score scale (1/sqrt(D) when not given)
+
+
+# ----------------------------------------------------------------------------------- array modules
+
+
+def is_cupy_array(x) -> bool:
+    """True for a CuPy ndarray (checked by module name, CuPy is never imported here)."""
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def array_module(x):
+    """numpy for NumPy arrays, cupy for CuPy arrays (imported lazily)."""
+    if is_cupy_array(x):
+        import cupy
+
+        return cupy
+    return np
+
+
+# --------------------------------------------------------------------------------- bf16 helpers
+
+
+def to_float32(x, xp=None):
+    """float32 copy of ``x``; a uint16 array is read as bfloat16 bit patterns (bits << 16)."""
+    xp = array_module(x) if xp is None else xp
+    if x.dtype == np.uint16:
+        return (x.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
+    return x.astype(xp.float32)
+
+
+def from_float32(x, dtype_name, xp=None):
+    """Convert a float array to ``dtype_name``; "bfloat16" rounds to nearest even into uint16 bits.
+
+    NaN stays NaN (quiet, sign kept); overflow rounds to +-inf as in hardware conversions.
+    """
+    xp = array_module(x) if xp is None else xp
+    if dtype_name != "bfloat16":
+        return x.astype(np.dtype(dtype_name))
+    bits = xp.ascontiguousarray(x.astype(xp.float32)).view(xp.uint32)
+    lsb = (bits >> xp.uint32(16)) & xp.uint32(1)
+    rounded = ((bits + xp.uint32(0x7FFF) + lsb) >> xp.uint32(16)).astype(xp.uint16)
+    quiet_nan = ((bits >> xp.uint32(16)) | xp.uint32(0x0040)).astype(xp.uint16)
+    return xp.where(xp.isnan(x), quiet_nan, rounded)
+
+
+# ----------------------------------------------------------------------------------- validation
+
+
+def describe(x) -> str:
+    """Short description of an argument for error messages."""
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(x).__module__.split('.')[0]}.{type(x).__name__} shape={tuple(shape)} dtype={dtype}"
+    return f"{type(x).__name__} {x!r}"
+
+
+def check_choice(name, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_samples(samples):
+    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
+        raise TypeError(f"samples must be an int, got {type(samples).__name__} {samples!r}")
+    if not 1 <= int(samples) <= MAX_SAMPLES:
+        raise ValueError(f"samples must be in [1, {MAX_SAMPLES}], got {int(samples)}")
+
+
+def check_block_n(block_n):
+    if isinstance(block_n, bool) or not isinstance(block_n, numbers.Integral) or int(block_n) not in BLOCK_NS:
+        raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n!r}")
+
+
+def _array_library(name, x) -> str:
+    """'numpy' or 'cupy'; TypeError for anything else."""
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if is_cupy_array(x) and hasattr(x, "dtype"):
+        return "cupy"
+    raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(x).__module__}.{type(x).__name__}")
+
+
+def _check_libraries(arrays) -> str:
+    libs = {name: _array_library(name, x) for name, x in arrays.items()}
+    if len(set(libs.values())) > 1:
+        seen = ", ".join(f"{n}={lib}" for n, lib in libs.items())
+        raise TypeError(f"q, k_cache, v_cache and lengths must all be NumPy or all CuPy arrays, got {seen}")
+    return next(iter(libs.values()))
+
+
+def _check_ranks(q, k_cache, v_cache, lengths):
+    for name, x, rank, layout in (
+        ("q", q, 3, "[B, H, D]"),
+        ("k_cache", k_cache, 4, "[B, L_max, KVH, D]"),
+        ("v_cache", v_cache, 4, "[B, L_max, KVH, D]"),
+        ("lengths", lengths, 1, "[B]"),
+    ):
+        if x.ndim != rank:
+            raise ValueError(f"{name} must have rank {rank} {layout}, got {describe(x)}")
+
+
+def _check_shapes(q, k_cache, v_cache, lengths):
+    B, H, D = q.shape
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    kb, L_max, KVH, kd = k_cache.shape
+    if kb != B:
+        raise ValueError(f"k_cache batch {kb} must equal q batch {B} (q shape {tuple(q.shape)})")
+    if kd != D:
+        raise ValueError(f"k_cache head dim {kd} must equal q head dim {D} (q shape {tuple(q.shape)})")
+    if tuple(lengths.shape) != (B,):
+        raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
+    if B < 1 or H < 1:
+        raise ValueError(f"q must have B >= 1 and H >= 1, got shape {tuple(q.shape)}")
+    if L_max < 1:
+        raise ValueError(f"k_cache must have L_max >= 1, got shape {tuple(k_cache.shape)}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim D (q.shape[2]) must be one of {HEAD_DIMS}, got {D}")
+    if KVH < 1 or H % KVH != 0:
+        raise ValueError(f"q heads H={H} must be a multiple of k_cache KV heads KVH={KVH}")
+    if H // KVH > MAX_G:
+        raise ValueError(f"GQA group size H/KVH = {H}/{KVH} = {H // KVH} exceeds MAX_G={MAX_G} (q, k_cache)")
+    return B, H, KVH, H // KVH, D, L_max
+
+
+def _check_dtypes(q, k_cache, v_cache, lengths, library) -> str:
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(
+            f"q, k_cache and v_cache must share one dtype, got q={q.dtype}, k_cache={k_cache.dtype}, v_cache={v_cache.dtype}"
+        )
+    name = DTYPE_NAMES.get(np.dtype(q.dtype))
+    allowed = CPU_DTYPES if library == "numpy" else GPU_DTYPES
+    if name not in allowed:
+        raise TypeError(
+            f"q dtype {q.dtype} is not supported for {library} arrays; supported: {allowed} "
+            "(bfloat16 as uint16 bit patterns)"
+        )
+    if np.dtype(lengths.dtype).kind not in "iu":
+        raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
+    return name
+
+
+def _check_contiguous(arrays):
+    for name, x in arrays.items():
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous, got strides {tuple(x.strides)} for shape {tuple(x.shape)}")
+
+
+def _check_length_values(lengths, L_max):
+    host = lengths.get() if is_cupy_array(lengths) else lengths  # device -> host copy: a sync
+    host = np.asarray(host).astype(np.int64)
+    bad = np.flatnonzero((host < 1) | (host > L_max))
+    if bad.size:
+        shown = {int(i): int(host[i]) for i in bad[:8]}
+        raise ValueError(f"lengths must be in [1, L_max={L_max}], got out-of-range values at {{index: value}} {shown}")
+
+
+def _resolve_scale(scale, D) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"scale must be finite and > 0, got {value!r}")
+    return value
+
+
+def _check_finite_q(q, xp):
+    ok = xp.isfinite(to_float32(q, xp)).all()  # for CuPy: a device -> host sync
+    if not bool(ok):
+        raise ValueError(f"q must be finite (no NaN/inf), got non-finite values in q of shape {tuple(q.shape)}")
+
+
+def validate_decode_inputs(
+    q,
+    k_cache,
+    v_cache,
+    lengths,
+    *,
+    method="santa",
+    samples=256,
+    sampler="systematic",
+    budget="global",
+    scale=None,
+    block_n=DEFAULT_BLOCK_N,
+    xp=None,
+    check_lengths=True,
+    check_finite=True,
+) -> DecodeShape:
+    """Check one decode-attention call; return its DecodeShape or raise ValueError/TypeError.
+
+    Shapes: q [B, H, D], k_cache/v_cache [B, L_max, KVH, D] C-contiguous, lengths [B] integer.
+    ``check_lengths`` (1 <= lengths <= L_max) and ``check_finite`` (q has no NaN/inf) read the data;
+    on CuPy arrays each is a device sync, so a plan may validate once and switch them off.
+    ``xp`` is the array module; None picks it from the arrays.
+    """
+    check_choice("method", method, METHODS)
+    check_choice("sampler", sampler, SAMPLERS)
+    check_choice("budget", budget, BUDGETS)
+    check_samples(samples)
+    check_block_n(block_n)
+    arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "lengths": lengths}
+    library = _check_libraries(arrays)
+    _check_ranks(q, k_cache, v_cache, lengths)
+    B, H, KVH, G, D, L_max = _check_shapes(q, k_cache, v_cache, lengths)
+    dtype_name = _check_dtypes(q, k_cache, v_cache, lengths, library)
+    _check_contiguous(arrays)
+    resolved_scale = _resolve_scale(scale, D)
+    if xp is None:
+        xp = array_module(q)
+    if check_lengths:
+        _check_length_values(lengths, L_max)
+    if check_finite:
+        _check_finite_q(q, xp)
+    return DecodeShape(B=B, H=H, KVH=KVH, G=G, D=D, L_max=L_max, dtype_name=dtype_name, scale=resolved_scale)

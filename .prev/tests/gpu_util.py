@@ -1,0 +1,48 @@
+"""Shared helpers of the GPU tests: the skip marker and random decode inputs."""
+
+import numpy as np
+import pytest
+
+from santa_cupy import spec
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device
+        return False
+
+
+HAVE_GPU = _gpu_available()
+requires_gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA GPU")
+NP_STORAGE = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
+# relative L2 error allowed for exact attention: output rounding of the storage dtype + fp32 math
+DENSE_TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5}
+
+
+def random_inputs(rng, B, H, KVH, D, L_max, lengths, dtype, peak=1.0):
+    """NumPy q [B,H,D], k, v [B,L_max,KVH,D] in storage dtype, lengths int32; random normal data.
+
+    ``peak`` scales q so that the score distribution is flatter (< 1) or more peaked (> 1).
+    Rows past each length are filled with large garbage, so a kernel that reads them is caught.
+    """
+    q = rng.standard_normal((B, H, D)).astype(np.float32) * peak
+    k = rng.standard_normal((B, L_max, KVH, D)).astype(np.float32)
+    v = rng.standard_normal((B, L_max, KVH, D)).astype(np.float32)
+    for b, n in enumerate(lengths):
+        k[b, n:] = 1e4
+        v[b, n:] = -3e4
+    conv = lambda x: spec.from_float32(x, dtype, np)  # noqa: E731
+    return conv(q), conv(k), conv(v), np.asarray(lengths, np.int32)
+
+
+def to_gpu(*arrays):
+    import cupy
+    return tuple(cupy.asarray(a) for a in arrays)
+
+
+def rel_l2(a, b) -> float:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))

@@ -1,0 +1,304 @@
+"""CPU tests of bench.py's pure parts: argument parsing, grid expansion, byte accounting, derived
+numbers, table/JSON formatting and argument errors. The GPU paths are exercised on the H200 only."""
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402
+from bench import Method, SHAPES  # noqa: E402
+
+LLAMA = SHAPES["llama8b"]
+
+
+@pytest.mark.parametrize("text,want", [("32k", 32768), ("8K", 8192), ("128k", 131072), ("8192", 8192),
+                                       (" 1m ", 1 << 20)])
+def test_parse_size(text, want):
+    assert bench.parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "k", "0", "-5", "3.5k", "32kb", "abc"])
+def test_parse_size_errors(text):
+    with pytest.raises(click.BadParameter, match="context"):
+        bench.parse_size(text)
+
+
+def test_parse_list():
+    assert bench.parse_list("1,4,16", "batch") == [1, 4, 16]
+    assert bench.parse_list("8k, 32k,", "context") == [8192, 32768]
+    assert bench.parse_list("llama8b,smollm2", "shape", bench.parse_shape) == [LLAMA, SHAPES["smollm2"]]
+    with pytest.raises(click.BadParameter, match="empty"):
+        bench.parse_list(" , ", "batch")
+    with pytest.raises(click.BadParameter, match="unknown shape"):
+        bench.parse_shape("llama70b")
+
+
+def test_expand_grid_order():
+    grid = bench.expand_grid([LLAMA, SHAPES["smollm2"]], [1, 16], [8192, 32768])
+    assert len(grid) == 8
+    assert grid[0] == (LLAMA, 1, 8192) and grid[1] == (LLAMA, 1, 32768) and grid[2] == (LLAMA, 16, 8192)
+    assert grid[-1] == (SHAPES["smollm2"], 16, 32768)
+
+
+@pytest.mark.parametrize("name", ["dense", "flashinfer", "torch-flash", "torch-cudnn", "santa-global-systematic-256",
+                                  "santa-largest_remainder-iid-128", "santa-fixed-stratified-2048"])
+def test_method_roundtrip(name):
+    assert bench.parse_method(name).name == name
+
+
+@pytest.mark.parametrize("name", ["sparse", "santa-global-systematic", "santa-foo-iid-256", "santa-global-iid-0",
+                                  "santa-global-iid-x", "torch-math", "torch"])
+def test_method_errors(name):
+    with pytest.raises(click.BadParameter, match="unknown method"):
+        bench.parse_method(name)
+
+
+def test_method_lists():
+    default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
+    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-block",
+            "santa-global-systematic-256-stream",
+            "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block"]
+    assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
+    assert [m.name for m in bench.method_list()] == ours
+    quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
+    assert quick == ours + ["torch-flash", "torch-cudnn"]
+    assert bench.parse_method("santa-global-iid-64-async").backend == "async"
+    assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
+    assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    assert bench.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
+    assert bench.parse_method("santa-global-systematic-256-mma_ring").backend == "mma_ring"
+    with pytest.raises(click.BadParameter):                # the ring is a score pass of santa only
+        bench.parse_method("dense-mma_ring")
+    with pytest.raises(click.BadParameter):                # warp_smem became the only warp pass 2
+        bench.parse_method("santa-fixed-systematic-2048-warpsmem")
+    assert bench.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"
+    assert bench.parse_method("dense-async") == Method("dense", backend="async")
+    assert bench.parse_method("dense-mma") == Method("dense", backend="mma")
+    assert bench.parse_method("dense-stream").name == "dense-stream"
+    assert bench.parse_method("santa-global-iid-64-mma").name == "santa-global-iid-64-mma"
+    with pytest.raises(click.BadParameter):
+        bench.parse_method("santa-global-iid-64-fast")
+    full = bench.method_list(full=True, have_torch=True)
+    santa = [m for m in full if m.kind == "santa"]
+    assert len(santa) == 3 * 3 * 4 and len({m.name for m in santa}) == 36
+    assert {m.samples for m in santa} == {128, 256, 512, 2048}
+    assert [m.name for m in bench.method_list(["dense", "torch-flash"])] == ["dense", "torch-flash"]
+    assert Method("torch", backend="flash").external and not Method("dense").external
+
+
+def test_bytes_dense_and_external():
+    B, L = 4, 32768
+    kv = 2 * B * L * 8 * 128 * 2
+    qo = 2 * B * 32 * 128 * 2
+    assert bench.kv_bytes(LLAMA, B, L) == kv
+    assert bench.attention_bytes(Method("dense"), LLAMA, B, L) == kv + qo
+    assert bench.attention_bytes(Method("torch", backend="flash"), LLAMA, B, L) == kv + qo
+
+
+def test_bytes_santa():
+    B, L, rows = 2, 8192, 5000
+    k = B * L * 8 * 128 * 2
+    qo = 2 * B * 32 * 128 * 2
+    stash = B * 32 * L * 4 * 2
+    glob = bench.parse_method("santa-global-systematic-256")
+    fixed = bench.parse_method("santa-fixed-systematic-2048")
+    lr = bench.parse_method("santa-largest_remainder-systematic-256")
+    assert bench.attention_bytes(glob, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
+    assert bench.attention_bytes(lr, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
+    assert bench.attention_bytes(fixed, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo
+    # reading every V row without a stash is exactly the dense byte count
+    assert bench.attention_bytes(fixed, LLAMA, B, L, B * L * 8) == bench.attention_bytes(Method("dense"), LLAMA, B, L)
+    with pytest.raises(ValueError, match="rows_read"):
+        bench.attention_bytes(glob, LLAMA, B, L)
+
+
+def test_copies_for():
+    l2 = 60 * 10**6
+    assert bench.copies_for(10**6, l2, 10**12) == bench.MAX_COPIES           # tiny: capped
+    assert bench.copies_for(134 * 10**6, l2, 10**12) == 2                      # 2 x 134 MB >= 180 MB
+    assert bench.copies_for(2 * 10**9, l2, 10**12) == 1                        # one copy already >> L2
+    assert bench.copies_for(10**8, l2, 1.5e8) == 1                             # budget caps
+    assert bench.copies_for(3 * 10**9, l2, 2 * 10**9) == 0                     # does not fit
+    n = bench.copies_for(7 * 10**6, l2, 10**12)
+    assert n * 7 * 10**6 >= bench.L2_FACTOR * l2 and (n - 1) * 7 * 10**6 < bench.L2_FACTOR * l2
+
+
+def _rows():
+    base = {"shape": "llama8b", "B": 1, "L": 32768}
+    return [dict(base, method="dense", external=False, us=40.0, bytes=4 * 10**8, rows_frac=1.0),
+            dict(base, method="santa-global-systematic-256", external=False, us=20.0, bytes=2 * 10**8, rows_frac=0.03),
+            dict(base, method="torch-flash", external=True, us=50.0, bytes=4 * 10**8),
+            dict(base, method="torch-cudnn", external=True, us=None, bytes=4 * 10**8, note="skipped: x | y"),
+            dict(base, B=16, method="dense", external=False, us=100.0, bytes=10**9)]
+
+
+def test_add_derived():
+    rows = bench.add_derived(_rows(), 5.0)
+    dense, santa, flash, cudnn, other = rows
+    assert dense["tbps"] == pytest.approx(10.0) and dense["pct_ceiling"] == pytest.approx(200.0)
+    assert santa["tbps"] == pytest.approx(10.0)
+    assert santa["x_dense"] == pytest.approx(2.0) and santa["x_external"] == pytest.approx(2.5)
+    assert dense["x_dense"] == pytest.approx(1.0) and flash["x_external"] == pytest.approx(1.0)
+    assert cudnn["tbps"] is None and cudnn["x_dense"] is None
+    assert other["x_external"] is None and other["x_dense"] == pytest.approx(1.0)   # its own group
+    assert bench.add_derived(_rows(), None)[0]["pct_ceiling"] is None
+
+
+def test_kernel_table_and_header():
+    rows = bench.add_derived(_rows(), 5.0)
+    table = bench.kernel_table(rows)
+    lines = table.strip().splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert all(line.count("|") == len(bench.KERNEL_COLUMNS) + 1 for line in lines)   # "|" in notes escaped
+    assert "| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 2.50x | 3.00% |" in table
+    assert "| - | - |" in table                                                        # skipped row
+    meta = {"command": "kernels", "gpu": "NVIDIA H200", "cupy": "14.2", "date": "2026", "commit": None}
+    head = bench.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 4 << 30, "copy_tbps": 4.2})
+    assert "NVIDIA H200" in head and "4.60 TB/s" in head and "commit" not in head
+
+
+def test_fmt():
+    assert bench.fmt_bytes(None) == "-" and bench.fmt_bytes(512) == "512 B"
+    assert bench.fmt_bytes(2.5e9) == "2.5 GB" and bench.fmt_bytes(134217728) == "134 MB"
+    assert bench.fmt_context(32768) == "32k" and bench.fmt_context(1000) == "1000"
+
+
+def test_write_outputs(tmp_path, capsys):
+    rows = bench.add_derived(_rows(), 5.0)
+    meta = dict(bench.run_metadata("kernels"), gpu="X")
+    js, md = tmp_path / "b.json", tmp_path / "b.md"
+    bench.write_outputs(meta, None, rows, bench.kernel_table(rows), json_path=str(js), markdown_path=str(md))
+    data = json.loads(js.read_text())
+    assert data["meta"]["command"] == "kernels" and "date" in data["meta"] and len(data["rows"]) == 5
+    assert md.read_text() in capsys.readouterr().out
+
+
+def test_run_metadata_tolerates_missing_git(monkeypatch):
+    def boom(*a, **k):
+        raise OSError("no git")
+    monkeypatch.setattr(bench.subprocess, "run", boom)
+    assert bench.run_metadata("e2e")["commit"] is None
+
+
+def test_e2e_bytes_llama8b():
+    m = bench.LLAMA8B_MODEL
+    b = bench.e2e_bytes(m, 1, 32768)
+    assert b["kv"] == 32 * 2 * 32768 * 8 * 128 * 2                       # 4.29 GB
+    assert 15.0e9 < b["weights"] < 15.1e9                                  # 7.5 B params minus the embedding, fp16
+    assert b["total"] == b["weights"] + b["kv"]
+    rows = bench.e2e_derived([{"method": "dense", "B": 2, "L": 32768, "ms": 10.0},
+                              {"method": "santa-global-systematic-256", "B": 2, "L": 32768, "ms": 8.0}], 4.0, 3.2 * 10**10)
+    assert rows[0]["floor_ms"] == pytest.approx(8.0) and rows[0]["pct_floor"] == pytest.approx(80.0)
+    assert rows[1]["x_dense"] == pytest.approx(1.25) and rows[1]["tok_s"] == pytest.approx(250.0)
+    table = bench.e2e_table(rows)
+    assert table.count("\n") == 4 and "| santa-global-systematic-256 | 2 | 32k | 8.00 | 250.0 | 8.00 | 100% | 1.25x |" in table
+
+
+def test_e2e_memory_refused():
+    result = CliRunner().invoke(bench.bench, ["e2e", "--context", "128k", "--batch", "16"])
+    assert result.exit_code == 2 and "--mem-gb" in result.output
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["kernels", "--quick", "--full"], "exclude"),
+    (["kernels", "--context", "32x"], "context"),
+    (["kernels", "--batch", "0"], "batch"),
+    (["kernels", "--shape", "gpt2"], "unknown shape"),
+    (["kernels", "--methods", "santa-global"], "unknown method"),
+    (["e2e", "--methods", "torch-flash"], "our kernels only"),
+    (["e2e", "--context", "0"], "context"),
+])
+def test_cli_argument_errors(args, msg):
+    result = CliRunner().invoke(bench.bench, args)
+    assert result.exit_code == 2, result.output
+    assert msg in result.output
+
+
+def test_cli_without_gpu_says_so():
+    pytest.importorskip("numpy")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed")
+    except ImportError:
+        pass
+    result = CliRunner().invoke(bench.bench, ["kernels", "--quick"])
+    assert result.exit_code == 1 and "need CuPy" in result.output
+
+
+def test_cli_registers_bench():
+    import cli
+    assert "bench" in cli.main.commands
+    assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e", "stages"}
+
+
+class _FakeCupy:
+    """Just enough of CuPy for time_cupy_graph's control flow (no GPU)."""
+
+    def __init__(self, capture_ok=True):
+        outer = self
+        self.calls, self.capture_ok = [], capture_ok
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.capturing = []
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+            def synchronize(self):
+                pass
+
+            def begin_capture(self):
+                if not outer.capture_ok:
+                    raise RuntimeError("capture not supported")
+
+            def end_capture(self):
+                n = len(outer.calls)
+                return type("G", (), {"launch": lambda g, s=None: outer.calls.append(("replay", n))})()
+
+        class Event:
+            def record(self, stream=None):
+                pass
+
+            def synchronize(self):
+                pass
+
+        class Device:
+            def synchronize(self):
+                pass
+
+        self.cuda = type("cuda", (), {"Stream": Stream, "Event": Event, "Device": Device,
+                                      "get_elapsed_time": staticmethod(lambda a, b: 2.0)})
+
+
+@pytest.mark.parametrize("capture_ok", [True, False])
+def test_time_cupy_graph_control_flow(capture_ok):
+    cp = _FakeCupy(capture_ok)
+    fns = [lambda i=i: cp.calls.append(i) for i in range(3)]
+    us, mode = bench.time_cupy_graph(cp, fns, n_inner=6, repeats=5, warmup=2)
+    assert us == pytest.approx(2000.0 / 6)                   # 2 ms per replay of 6 calls
+    assert cp.calls[:3] == [0, 1, 2]                          # warm-up of every copy first
+    if capture_ok:
+        assert mode == "graph" and cp.calls[3:9] == [0, 1, 2, 0, 1, 2]
+        assert cp.calls[9:] == [("replay", 9)] * 7            # 2 warm-up + 5 timed replays
+    else:
+        assert mode.startswith("eager: capture failed (RuntimeError")
+        assert cp.calls[3:] == [0, 1, 2, 0, 1, 2] * 7
+
+
+def test_stage_table_and_argument_errors():
+    rows = [{"stage": "whole call", "us": 10.0, "share": 1.2}, {"stage": "score + prefix", "us": 6.0, "share": 0.75},
+            {"stage": "merge", "us": 2.0, "share": 0.25}]
+    text = bench.stage_table("santa", rows)
+    assert "| whole call | 10.0 | - |" in text and "| score + prefix | 6.0 | 75% |" in text
+    from click.testing import CliRunner
+    res = CliRunner().invoke(bench.bench, ["stages", "--methods", "torch-flash"])
+    assert res.exit_code != 0 and "not one of ours" in res.output

@@ -1,0 +1,468 @@
+"""GPU kernels against the NumPy reference (marker gpu; skipped without CuPy and a GPU).
+
+Awkward sizes: lengths 1, BN-1, BN+1, odd, and one 100k sequence; every G in {1, 3, 4, 8};
+D 64/128/256; fp16/bf16 (fp32 too). Outputs are poisoned with NaN before each call.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from santa_cupy import DecodePlan, decode_attention, kernels, reference, spec
+from tests.gpu_util import DENSE_TOL, random_inputs, rel_l2, requires_gpu, to_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+GROUPS = (1, 3, 4, 8)
+DIMS = (64, 128, 256)
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _lengths(block_n):
+    return [1, block_n - 1, block_n + 1, 3 * block_n + 17]
+
+
+def _poisoned_plan(**kw):
+    import cupy
+    plan = DecodePlan(**kw)
+    plan.out.view(cupy.uint8).fill(0xFF)                    # all-ones bits: NaN in every dtype
+    plan.lse.fill(cupy.nan)
+    plan.spread.fill(cupy.nan)
+    return plan
+
+
+def _as_float(x):
+    x = x.get() if hasattr(x, "get") else x
+    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel", ["stream", "async", "mma"])
+@pytest.mark.parametrize("dtype,D,G", list(itertools.product(DTYPES, DIMS, GROUPS)))
+def test_dense_matches_reference(dtype, D, G, kernel):
+    from santa_cupy import kernels
+    if kernel == "mma" and not kernels.mma_supported(dtype, D):
+        pytest.skip("no tensor-core instance for this dtype / head_dim")
+    rng = np.random.default_rng(hash((dtype, D, G)) % 2**32)
+    KVH = 2
+    block_n = 64
+    lengths = _lengths(block_n)
+    B, L_max = len(lengths), max(lengths) + 5
+    q, k, v, lens = random_inputs(rng, B, G * KVH, KVH, D, L_max, lengths, dtype)
+    ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
+    plan = _poisoned_plan(batch=B, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype,
+                          method="dense", block_n=block_n, dense_kernel=kernel)
+    o = plan.run(*to_gpu(q, k, v, lens))
+    o = _as_float(o)
+    assert np.isfinite(o).all(), "output not fully written"
+    assert rel_l2(o, ref_o) < DENSE_TOL[dtype]
+    assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("G", [12, 16])
+def test_dense_mma_two_row_halves(G):
+    """G > 8 fills rows 8..15 of the tensor-core tile: every head must still match."""
+    rng = np.random.default_rng(G)
+    lengths = [1, 15, 17, 300]
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, 128, 305, lengths, "float16")
+    ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
+    plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=128, max_length=305, dtype="float16",
+                          method="dense", dense_kernel="mma")
+    o = _as_float(plan.run(*to_gpu(q, k, v, lens)))
+    assert np.isfinite(o).all() and rel_l2(o, ref_o) < DENSE_TOL["float16"]
+    assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dense_long_context_100k(dtype):
+    rng = np.random.default_rng(7)
+    lengths = [100_000, 99_999 - 64]
+    q, k, v, lens = random_inputs(rng, 2, 32, 8, 128, 100_003, lengths, dtype)
+    ref_o, _ = reference.dense_attention(q, k, v, lens)
+    o = decode_attention(*to_gpu(q, k, v, lens), method="dense")
+    assert rel_l2(_as_float(o), ref_o) < DENSE_TOL[dtype]
+    plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
+                      method="dense", dense_kernel="async")
+    assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
+
+
+SAMPLING = list(itertools.product(spec.BUDGETS, spec.SAMPLERS))
+
+
+def _count_mismatch(gpu, ref):
+    """Total |difference| of counts: comb points that moved to another row (boundary flips) x 2."""
+    return int(np.abs(gpu.astype(np.int64) - ref).sum())
+
+
+@pytest.mark.parametrize("budget,sampler", SAMPLING)
+@pytest.mark.parametrize("G,D,dtype", [(1, 64, "bfloat16"), (3, 128, "float16"), (4, 128, "bfloat16"),
+                                       (8, 256, "float32")])
+def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
+    rng = np.random.default_rng(hash((budget, sampler, G, D)) % 2**32)
+    KVH, block_n, S = 2, 64, 96
+    lengths = _lengths(block_n)
+    B, L_max = len(lengths), max(lengths) + 3
+    H = G * KVH
+    q, k, v, lens = random_inputs(rng, B, H, KVH, D, L_max, lengths, dtype, peak=2.0)
+    kw = dict(samples=S, sampler=sampler, budget=budget, seed=1234, step=5, layer=3, block_n=block_n)
+    ref_counts = reference.sample_counts(q, k, lens, **{k_: v_ for k_, v_ in kw.items()})
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    o, info = decode_attention(qg, kg, vg, lg, method="santa", return_info=True, return_counts=True, **kw)
+    counts = info.counts.get()
+    total = int(ref_counts.sum())
+    flips = _count_mismatch(counts, ref_counts)
+    print(f"{budget}/{sampler} G={G} D={D}: {flips} count differences out of {total} samples")
+    assert flips <= max(2, total // 500), f"{flips} count differences (comb-boundary flips) of {total}"
+    if budget != "fixed":                                      # exactly S samples per head
+        assert (counts.sum(-1) == S).all()
+    # the output is the reference estimator applied to the GPU's own counts
+    scores = reference.head_scores(q, k, lens)
+    v64 = reference.to_float64(v)
+    o = _as_float(o)
+    for b, n in enumerate(lengths):
+        cg = counts[b, :, :n].reshape(KVH, G, n)
+        want, want_spread = reference.estimate(cg, scores[b, :, :n].reshape(KVH, G, n),
+                                               v64[b, :n].transpose(1, 0, 2)[:, None],
+                                               samples=S, budget=budget, block_n=block_n)
+        assert rel_l2(o[b], want.reshape(H, D)) < DENSE_TOL[dtype] + 1e-4
+        assert np.allclose(info.spread.get()[b], want_spread.reshape(H), rtol=2e-2, atol=1e-4)
+        assert (info.rows_read.get()[b] == (cg > 0).any(axis=1).sum(-1)).all()
+
+
+@pytest.mark.parametrize("budget,sampler,dtype,tile_kernel,tpw", [
+    ("global", "systematic", "float32", "auto", None), ("global", "stratified", "float32", "auto", None),
+    ("global", "iid", "float32", "auto", None), ("fixed", "systematic", "float32", "auto", None),
+    ("fixed", "iid", "float32", "auto", None),
+    ("global", "systematic", "float16", "auto", 2),            # v4: tensor-core scores, warp pass 2, runs
+    ("global", "systematic", "float16", "warp", 2),            # (auto stages the gather here: 13.6 rows/tile)
+    ("fixed", "systematic", "float16", "warp_staged", 1), ("fixed", "systematic", "float16", "warp", 2),   # two-pass
+    ("fixed", "systematic", "float16", "warp_mma", 2), ("global", "systematic", "float16", "warp_mma", 1),
+    ("fixed", "systematic", "float32", "block", None)])                                             # one fused pass
+def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, tpw):
+    """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate."""
+    import cupy
+    rng = np.random.default_rng(11)
+    lengths = [300]
+    q, k, v, lens = random_inputs(rng, 1, 4, 1, 64, 300, lengths, dtype, peak=1.5)
+    exact, _ = reference.dense_attention(q, k, v, lens)
+    plan = DecodePlan(batch=1, heads=4, kv_heads=1, head_dim=64, max_length=300, dtype=dtype, samples=16,
+                      sampler=sampler, budget=budget, seed=99, block_n=64, tile_kernel=tile_kernel,
+                      tiles_per_warp=tpw)
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    runs = []
+    for _ in range(600):
+        runs.append(plan.run(qg, kg, vg, lg, validate=False).copy())
+        plan.advance()
+    est = cupy.stack(runs).get().astype(np.float64)          # [600, 1, 4, 64]
+    mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(len(runs))
+    z = np.abs(mean - exact) / np.maximum(se, 1e-12)
+    assert np.mean(z < 4) > 0.995, f"max z {z.max():.1f}"
+    assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
+
+
+def _skip_without_mma_gather(warp_kernel, dtype, D):
+    if warp_kernel == "warp_mma" and not kernels.mma_supported(dtype, D):
+        pytest.skip("warp_mma: fp16/bf16 at head_dim 64/128 only")
+
+
+def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples=96):
+    """The fused run of the block pass 2 and of a warp pass 2 on the same inputs (4 sequences of
+    lengths 1, BN-1, BN+1, 9 BN + 7; 2 KV heads; 96 samples unless told; poisoned workspaces). Returns
+    (lengths, L_max, args, {kernel: (plan, o, rows_read, spread, lse)})."""
+    rng = np.random.default_rng(seed)
+    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7]
+    L_max = max(lengths) + 3
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    res = {}
+    for kernel in ("block", warp_kernel):
+        plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                              samples=samples, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
+                              tiles_per_warp=None if kernel == "block" else tpw)
+        o = _as_float(plan.run(*args, layer=2))
+        assert np.isfinite(o).all(), "output not fully written"
+        res[kernel] = (plan, o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
+    return lengths, L_max, args, res
+
+
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged", "warp_mma"])
+@pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 1), (3, 64, "float16", 128, 2),
+                                                   (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1),
+                                                   (5, 256, "float32", 64, 2)])
+def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw, warp_kernel):
+    """The fixed budget through the stash (score pass, prefix, santa_tile_warp with pre-weighted
+    run sums, merge kind weighted) against its one fused block kernel: the same comb counts except
+    for boundary flips (the score pass sums in another order: tensor cores, or the v2 FMA kernel
+    at float32), so rows read agree but for a few and >= 90% of the (sequence, head) outputs and
+    spreads agree to rounding; lse agrees. Lengths 1, BN-1, BN+1 and 9 BN + 7 (runs cut short)."""
+    import cupy
+    _skip_without_mma_gather(warp_kernel, dtype, D)
+    lengths, L_max, args, res = _block_vs_warp("fixed", G, D, dtype, block_n, warp_kernel, tpw, G * D + block_n + 7)
+    # the standalone stages of a two-pass plan sample from the same stash: the counts the fused
+    # run used (S_t per tile and head, its rows), and its output from them
+    plan, o, rows_read = res[warp_kernel][:3]
+    counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
+    for b, n in enumerate(lengths):
+        n_tiles = -(-n // block_n)
+        assert (counts[b].sum(-1) == max(1, 96 // n_tiles) * n_tiles).all()
+    rows = (counts.reshape(4, 2, G, L_max) > 0).any(axis=2).sum(-1)
+    assert np.array_equal(rows, rows_read)
+    again = _as_float(plan.run_from_counts(*args, cupy.asarray(counts)))
+    assert rel_l2(again, o) < max(DENSE_TOL[dtype], 1e-5)
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
+    flips = int(np.abs(rw.astype(np.int64) - rb).sum())
+    assert flips <= max(2, int(rb.sum()) // 200), f"rows read differ by {flips} of {int(rb.sum())}"
+    per_row = np.linalg.norm(ow - ob, axis=-1) / np.maximum(np.linalg.norm(ob, axis=-1), 1e-6)   # [B, H]
+    same = per_row < 1e-2
+    assert same.mean() >= 0.9, f"{(~same).sum()} of {same.size} head outputs differ (max {per_row.max():.3g})"
+    assert np.allclose(sw[same], sb[same], rtol=2e-2, atol=1e-4)
+    assert np.allclose(lw, lb, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method,budget", [("dense", "global"), ("santa", "global"), ("santa", "fixed")])
+def test_merge_unrolls_agree(method, budget):
+    """santa_merge with 4 and with 8 partials in flight per warp (the plan picks by grid size):
+    the same output to float32 summation order, the same lse and spread."""
+    rng = np.random.default_rng(8)
+    q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, 3000, [3000, 1, 1500], "bfloat16")
+    args = to_gpu(q, k, v, lens)
+    plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
+                      method=method, budget=budget, samples=256, seed=2)
+    res = []
+    for fn in (plan.kernels.merge_wide, plan.kernels.merge):
+        plan._merge_fn = fn
+        o = _as_float(plan.run(*args))
+        res.append((o, plan.lse.get(), plan.spread.get()))
+    (o8, l8, s8), (o4, l4, s4) = res
+    assert rel_l2(o4, o8) < 2e-3                # bf16 outputs: order-of-summation flips of 1 ulp only
+    assert np.allclose(l4, l8, rtol=1e-6, atol=1e-5) and np.allclose(s4, s8, rtol=1e-3, atol=1e-6)
+
+
+def test_graph_replay_draws_new_samples():
+    import cupy
+    rng = np.random.default_rng(3)
+    q, k, v, lens = random_inputs(rng, 2, 8, 2, 128, 700, [700, 333], "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=700, dtype="bfloat16",
+                      samples=32, seed=5)
+    plan.run(qg, kg, vg, lg, validate=False)                  # compile + warm up outside capture
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        plan.run(qg, kg, vg, lg, validate=False)
+        plan.advance()
+        graph = stream.end_capture()
+    plan.step.fill(0)
+    outs = []
+    for _ in range(3):
+        graph.launch(stream)
+        stream.synchronize()
+        outs.append(plan.out.get().copy())
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
+    assert int(plan.step.get()[0]) == 3
+    for step, got in enumerate(outs):                          # replay == eager call at that step
+        eager = decode_attention(qg, kg, vg, lg, samples=32, seed=5, step=step).get()
+        assert np.array_equal(got, eager)
+
+
+def test_gpu_rejects_bad_lengths_and_mixed_arrays():
+    rng = np.random.default_rng(0)
+    q, k, v, lens = random_inputs(rng, 1, 4, 2, 64, 50, [50], "float16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    with pytest.raises(ValueError, match="lengths"):
+        decode_attention(qg, kg, vg, lg + 1)
+    with pytest.raises(TypeError):
+        decode_attention(qg, k, vg, lg)
+    with pytest.raises(ValueError, match="q"):
+        bad = qg.copy()
+        bad[0, 0, 0] = np.nan
+        decode_attention(bad, kg, vg, lg)
+
+
+@pytest.mark.parametrize("G", range(1, spec.MAX_G + 1))
+def test_every_group_size(G):
+    """Each G in 1..MAX_G has its own kernel instance: dense and santa against the reference."""
+    rng = np.random.default_rng(G)
+    lengths = [1, 130, 257]
+    q, k, v, lens = random_inputs(rng, 3, 2 * G, 2, 128, 260, lengths, "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    ref_o, _ = reference.dense_attention(q, k, v, lens)
+    assert rel_l2(_as_float(decode_attention(qg, kg, vg, lg, method="dense")), ref_o) < DENSE_TOL["bfloat16"]
+    kw = dict(samples=64, seed=G, block_n=128)
+    o, info = decode_attention(qg, kg, vg, lg, return_info=True, return_counts=True, **kw)
+    ref_counts = reference.sample_counts(q, k, lens, **kw)
+    assert _count_mismatch(info.counts.get(), ref_counts) <= 2
+
+
+@pytest.mark.parametrize("budget", spec.BUDGETS)
+def test_standalone_sample_then_gather_equals_fused(budget):
+    """sample stage -> counts -> gather-add + merge stages reproduce the fused pass bit for bit."""
+    rng = np.random.default_rng(21)
+    q, k, v, lens = random_inputs(rng, 2, 8, 2, 128, 500, [500, 129], "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
+                      samples=64, budget=budget, seed=3, block_n=64, tile_kernel="block")
+    fused = plan.run(qg, kg, vg, lg).copy()
+    counts = plan.sample_counts(qg, kg, lg)
+    staged = plan.run_from_counts(qg, kg, vg, lg, counts)
+    assert np.array_equal(fused.get(), staged.get())
+    if budget != "fixed":               # the warp pass 2 (default): same counts, other summation order
+        warp = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
+                          samples=64, budget=budget, seed=3, block_n=64)
+        assert warp.tile_kernel in ("warp", "warp_staged", "warp_mma")
+        got = _as_float(warp.run(qg, kg, vg, lg))
+        assert rel_l2(got, _as_float(staged)) < 4e-3
+        assert np.array_equal(warp.rows_read.get(), plan.rows_read.get())
+
+
+@pytest.mark.parametrize("budget", ["global", "largest_remainder"])
+@pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
+                                               (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
+                                               (5, 64, "float16", 64)])
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged", "warp_mma"])
+def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel):
+    """Pass 2 with one warp per run of tiles (rows gathered 4 at a time in registers, or staged
+    through shared memory kRows at a time; 96 samples select up to ~60 rows a tile here): the same
+    counts as the block kernel (rows_read and the spread agree), the output up to float32
+    summation order."""
+    _skip_without_mma_gather(warp_kernel, dtype, D)
+    # runs of 3 tiles, cut short at 10 tiles
+    _, _, _, res = _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, 3, G * D + block_n)
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
+    assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
+    assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
+    # spread = sqrt(max(0, m2/S - |o|^2) / S / D): where one row takes every sample (length 1) the
+    # two terms cancel and the spread is float32 rounding noise (~3e-5 here, 0 or not depending on
+    # the summation order), hence the same tolerance as against the reference estimator
+    assert np.allclose(sw, sb, rtol=2e-2, atol=1e-4)
+    assert np.array_equal(lw, lb)
+
+
+@pytest.mark.parametrize("G,D,dtype,block_n,limit", [(4, 128, "bfloat16", 128, 256), (3, 64, "float16", 64, 2048)])
+def test_mma_gather_counts_beyond_its_limit(G, D, dtype, block_n, limit):
+    """The warp_mma gather runs on tensor cores only where the counts are exact in the 16-bit type
+    (<= 256 in bf16, <= 2048 in f16: a head drawing at most that many points in the tile); other
+    tiles take the staged FMA gather. 5000 samples: the length-1 tile draws them all, the long sequence's
+    tiles ~500 each (under the f16 limit, over the bf16 one), so a run mixes both paths. Against the
+    block pass 2: the same rows, the output up to float32 summation order."""
+    _, L_max, args, res = _block_vs_warp("global", G, D, dtype, block_n, "warp_mma", 3, G + D, samples=5000)
+    plan = res["warp_mma"][0]
+    counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
+    T = -(-L_max // block_n)
+    drawn = np.pad(counts, ((0, 0), (0, 0), (0, T * block_n - L_max))).reshape(4, -1, T, block_n).sum(-1)
+    assert drawn.max() > limit and ((drawn > 0) & (drawn <= limit)).any(), "both gather paths are exercised"
+    (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res["warp_mma"]
+    assert np.array_equal(rb, rw)
+    assert rel_l2(ow, ob) < max(DENSE_TOL[dtype], 1e-5)
+    assert np.allclose(sw, sb, rtol=2e-2, atol=1e-4)
+    assert np.array_equal(lw, lb)
+
+
+@pytest.mark.parametrize("budget", ["global", "largest_remainder"])
+@pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 3), (3, 64, "float16", 128, 2),
+                                                   (4, 128, "bfloat16", 128, 4), (12, 128, "float16", 64, 5),
+                                                   (5, 128, "float16", 64, 16)])
+def test_runs_of_tiles_match_single_tiles(budget, G, D, dtype, block_n, tpw):
+    """One warp per run of tpw tiles (score pass, warp pass 2 and the merge's o_stride): the same
+    stash and tile stats bit for bit, the same counts (rows read), the output and spread up to
+    float32 summation order. Lengths cut runs short and leave runs without any tile."""
+    rng = np.random.default_rng(G * D + block_n + tpw)
+    lengths = [1, block_n - 1, block_n + 1, 9 * block_n + 7, 2 * tpw * block_n]
+    L_max = max(lengths) + 3
+    q, k, v, lens = random_inputs(rng, 5, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    res = {}
+    for runs in (1, tpw):
+        plan = _poisoned_plan(batch=5, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                              samples=96, budget=budget, seed=23, step=2, block_n=block_n, tiles_per_warp=runs)
+        assert plan.score_tpw == runs and plan.tile_tpw == (runs if G <= 8 else 1)
+        plan.scores.fill(np.nan)
+        o = _as_float(plan.run(*args, layer=1))
+        assert np.isfinite(o).all(), "output not fully written"
+        res[runs] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get(), plan.scores.get(),
+                     plan.part_s.get()[..., :2])
+    (o1, r1, s1, l1, sc1, st1), (o2, r2, s2, l2, sc2, st2) = res[1], res[tpw]
+    for j, n in enumerate(lengths):
+        assert np.array_equal(sc1[j, :, :n], sc2[j, :, :n]), "score stash differs"
+        tiles = -(-n // block_n)
+        assert np.array_equal(st1[j, :, :tiles], st2[j, :, :tiles]), "tile stats differ"
+    assert np.array_equal(r1, r2), "distinct rows read differ (different counts)"
+    assert rel_l2(o2, o1) < max(DENSE_TOL[dtype], 1e-5)
+    assert np.allclose(s2, s1, rtol=2e-2, atol=1e-4)
+    assert np.allclose(l2, l1, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", ["global", "largest_remainder"])
+@pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
+                                               (3, 256, "float16", 64), (8, 128, "float32", 128)])
+def test_score_v3_equals_v2(budget, G, D, dtype, block_n):
+    """The cp.async score pass computes the very same scores (same arithmetic): outputs bit-equal."""
+    rng = np.random.default_rng(G * D)
+    lengths = [1, block_n - 1, block_n + 1, 7 * block_n + 5]
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, max(lengths) + 3, lengths, dtype)
+    args = to_gpu(q, k, v, lens)
+    outs = []
+    for kernel in ("stream", "async"):
+        plan = DecodePlan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=max(lengths) + 3, dtype=dtype,
+                          samples=64, budget=budget, block_n=block_n, score_kernel=kernel)
+        outs.append((plan.run(*args).get(), plan.scores.get(), plan.part_s.get()))
+    for j, n in enumerate(lengths):
+        assert np.array_equal(outs[0][1][j, :, :n], outs[1][1][j, :, :n]), "score stash differs"
+    assert np.array_equal(outs[0][0], outs[1][0])
+
+
+@pytest.mark.parametrize("tpw", [None, 1, 3])
+@pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
+                                               (3, 64, "float16", 128), (12, 128, "float16", 64),
+                                               (8, 128, "bfloat16", 64)])
+def test_score_ring_matches_registers(G, D, dtype, block_n, tpw):
+    """score_kernel="mma_ring" (KeyRing: K steps in flight in a shared-memory ring) runs the same
+    tensor-core products in the same order as "mma" (KeyRun): the stash, the tile stats and the
+    output are bit for bit the same, over runs of 1 and 3 tiles cut short by the lengths."""
+    rng = np.random.default_rng(G * D + block_n + 5)
+    lengths = [1, 17, block_n - 1, block_n + 1, 7 * block_n + 5]
+    L_max = max(lengths) + 4
+    q, k, v, lens = random_inputs(rng, 5, 2 * G, 2, D, L_max, lengths, dtype)
+    args = to_gpu(q, k, v, lens)
+    outs = []
+    for kernel in ("mma", "mma_ring"):
+        plan = DecodePlan(batch=5, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                          samples=64, budget="global", block_n=block_n, score_kernel=kernel, tiles_per_warp=tpw,
+                          seed=9)
+        plan.scores.fill(np.nan)
+        o = plan.run(*args).get()
+        outs.append((o, plan.scores.get(), plan.part_s.get()))
+    (o0, s0, p0), (o1, s1, p1) = outs
+    for j, n in enumerate(lengths):
+        assert np.isfinite(s1[j, :, :n]).all(), "stash not fully written"
+        assert np.array_equal(s0[j, :, :n], s1[j, :, :n]), "score stash differs"
+        tiles = -(-n // block_n)
+        assert np.array_equal(p0[j, :, :tiles, :2], p1[j, :, :tiles, :2]), "tile stats differ"
+    assert np.array_equal(o0, o1)
+
+
+@pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
+                                               (3, 64, "float16", 128), (12, 128, "float16", 64)])
+def test_score_v4_matches_v2(G, D, dtype, block_n):
+    """The tensor-core score pass: the same stash and tile stats as v2 up to float32 summation order
+    (odd L_max exercises the unaligned stash rows)."""
+    rng = np.random.default_rng(G * D + block_n)
+    lengths = [1, block_n - 1, block_n + 1, 7 * block_n + 5]
+    L_max = max(lengths) + 4
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype)
+    args = to_gpu(q, k, v, lens)
+    outs = []
+    for kernel in ("stream", "mma"):
+        plan = DecodePlan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                          samples=64, budget="global", block_n=block_n, score_kernel=kernel)
+        plan.scores.fill(np.nan)
+        plan.run(*args)
+        outs.append((plan.scores.get(), plan.part_s.get()))
+    for j, n in enumerate(lengths):
+        a, b = outs[0][0][j, :, :n], outs[1][0][j, :, :n]
+        assert np.isfinite(b).all(), "stash not fully written"
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-5), "score stash differs"
+        tiles = -(-n // block_n)
+        sa, sb = outs[0][1][j, :, :tiles, :2], outs[1][1][j, :, :tiles, :2]
+        assert np.allclose(sa, sb, rtol=1e-4, atol=1e-5), "tile stats differ"

@@ -1,0 +1,357 @@
+"""DecodePlan's host side without a GPU: a stand-in `cupy` module and recording kernels.
+
+Checks, for every method / budget / dense kernel, which kernels a call launches, in which order,
+with how many arguments (against the parameter lists parsed from cuda/*.cu), with which argument
+kinds (device pointer vs scalar), and with how much dynamic shared memory. This is what a typo in
+attention.py would break first; the GPU tests check the numbers.
+"""
+
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from santa_cupy import kernels, spec
+
+
+class FakeArray(np.ndarray):
+    """A NumPy array that santa-cupy takes for a CuPy one (by its type's module)."""
+
+
+FakeArray.__module__ = "cupy"
+
+
+def _fake_cupy():
+    mod = types.ModuleType("cupy")
+    for name in ("int32", "int64", "float32", "float64", "uint8", "uint16", "float16"):
+        setattr(mod, name, getattr(np, name))
+    mod.ndarray = FakeArray
+    mod.empty = lambda shape, dtype=np.float32: np.empty(shape, dtype).view(FakeArray)
+    mod.zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(FakeArray)
+    mod.full = lambda shape, value, dtype=np.float32: np.full(shape, value, dtype).view(FakeArray)
+    mod.asarray = lambda x: np.asarray(x).view(FakeArray)
+    device = types.SimpleNamespace(attributes={"MultiProcessorCount": 132})
+    mod.cuda = types.SimpleNamespace(Device=lambda *a: device)
+    return mod
+
+
+SCALAR_TYPES = {"int": np.int32, "i64": np.int64, "u64": np.uint64, "float": np.float32, "double": np.float64}
+
+
+def _kernel_signatures():
+    """{kernel name: [(parameter name, numpy scalar type or None for a pointer)]} from cuda/*.cu."""
+    source = kernels.build_source()
+    sigs = {}
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)", source):
+        params = []
+        for p in (p.strip() for p in m.group(2).split(",") if p.strip()):
+            words = p.replace("*", " * ").split()
+            params.append((words[-1], None if "*" in words else SCALAR_TYPES[words[-2]]))
+        sigs[m.group(1)] = params
+    return sigs
+
+
+def _kernel_params():
+    return {name: [p for p, _ in sig] for name, sig in _kernel_signatures().items()}
+
+
+class RecordingKernel:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.max_dynamic_shared_size_bytes = 48 * 1024
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.log.append((self.name, grid, block, args, shared_mem))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    log = []
+
+    def fake_get_kernels(dtype_name, head_dim, group, block_n, method):
+        role = "dense" if method == "dense" else f"santa{block_n}"
+        names = kernels.instance_names(dtype_name, head_dim, group, role)
+        return kernels.KernelSet(**{key: RecordingKernel(name.split("<")[0], log) for key, name in names.items()})
+
+    monkeypatch.setattr(kernels, "get_kernels", fake_get_kernels)
+    return log
+
+
+def _inputs(B=2, H=8, KVH=2, D=128, L=300, dtype=np.uint16):
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 2**14, (B, H, D)).astype(dtype).view(FakeArray)
+    k = rng.integers(0, 2**14, (B, L, KVH, D)).astype(dtype).view(FakeArray)
+    v = rng.integers(0, 2**14, (B, L, KVH, D)).astype(dtype).view(FakeArray)
+    lengths = np.array([L, 17], np.int32).view(FakeArray)
+    return q, k, v, lengths
+
+
+CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
+         ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
+         ("dense", "global", "mma", ["decode_dense_mma", "santa_merge"]),
+         ("dense", "global", "auto", ["decode_dense_mma", "santa_merge"]),
+         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),      # a small cache: the fused pass
+         ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
+
+
+@pytest.mark.parametrize("method,budget,dense_kernel,expected", CASES)
+def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    tile = dense_kernel == "block"                    # the column names the tile kernel instead
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
+                      dense_kernel=dense_kernel if method == "dense" else "stream",
+                      score_kernel=dense_kernel if method == "santa" and not tile else "stream",
+                      tile_kernel="block" if tile else "auto")
+    if not tile:
+        assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == \
+            ("mma" if dense_kernel == "auto" else dense_kernel)
+    out = plan.run(q, k, v, lengths)
+    assert out is plan.out
+    assert [name for name, *_ in launches] == expected
+    sigs = _kernel_signatures()
+    for name, grid, block, args, smem in launches:
+        assert len(args) == len(sigs[name]), f"{name}: {len(args)} arguments for {sigs[name]}"
+        for arg, (param, scalar) in zip(args, sigs[name]):
+            if scalar is None:
+                assert isinstance(arg, np.ndarray), f"{name}({param}): pointer expected, got {type(arg)}"
+            else:
+                assert type(arg) is scalar, f"{name}({param}): {scalar.__name__} expected, got {type(arg)}"
+        assert all(int(x) >= 1 for x in grid) and block[0] in (1, kernels.THREADS, kernels.PREFIX_THREADS, kernels.MERGE_THREADS)
+        assert smem <= 227 * 1024
+    first = launches[0]
+    assert first[3][0] is q and first[3][1] is k                      # q, k_cache lead every stage
+
+
+def test_standalone_stages_launch(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, samples=32)
+    counts = plan.sample_counts(q, k, lengths)
+    assert counts.shape == (2, 8, 300) and counts.dtype == np.int32
+    plan.run_from_counts(q, k, v, lengths, counts)
+    names = [name for name, *_ in launches]
+    # the stages on their own use the block kernel's sample and gather modes (not the warp pass 2)
+    assert names == ["santa_score_mma", "santa_prefix", "santa_tile"] * 2 + ["santa_merge"]
+    at = _kernel_params()["santa_tile"].index("mode")
+    modes = [args[at] for name, _, _, args, _ in launches if name == "santa_tile"]
+    assert [int(m) for m in modes] == [kernels.MODE_CODE["sample"], kernels.MODE_CODE["gather"]]
+    with pytest.raises(ValueError, match="counts"):
+        plan.run_from_counts(q, k, v, lengths, counts.astype(np.int64).view(FakeArray))
+
+
+def test_plan_rejects_bad_out_and_mismatched_inputs(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300)
+    with pytest.raises(ValueError, match="out must be"):
+        plan.run(q, k, v, lengths, out=np.empty((2, 8, 64), np.uint16).view(FakeArray))
+    with pytest.raises(ValueError, match="do not match the plan"):
+        plan.run(*_inputs(H=4))
+    with pytest.raises(ValueError, match="dense_kernel"):
+        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, dense_kernel="fast")
+    assert launches == []
+
+
+def test_every_kernel_instance_has_a_definition():
+    params = _kernel_params()
+    for dtype, d, g in kernels.CI_CONFIGS[:3]:
+        for role in kernels.roles():
+            for name in kernels.instance_names(dtype, d, g, role).values():
+                assert name.split("<")[0] in params
+    assert spec.MAX_G == max(kernels.GROUPS)
+
+
+def test_stage_launchers_cover_the_pipeline(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs()
+    for method, budget in (("dense", "global"), ("santa", "global"), ("santa", "fixed")):
+        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method,
+                          budget=budget)
+        launches.clear()
+        plan.run(q, k, v, lengths)
+        full = [name for name, *_ in launches]
+        launches.clear()
+        for launch in plan.stage_launchers(q, k, v, lengths).values():
+            launch()
+        assert [name for name, *_ in launches] == full
+
+
+def test_dense_kernel_auto_and_mma_limits(launches):
+    from santa_cupy import DecodePlan
+
+    kw = dict(batch=2, heads=8, kv_heads=2, max_length=300, method="dense")
+    assert DecodePlan(head_dim=128, dtype="bfloat16", **kw).dense_kernel == "mma"
+    assert DecodePlan(head_dim=64, dtype="float16", **kw).dense_kernel == "mma"
+    assert DecodePlan(head_dim=256, dtype="bfloat16", **kw).dense_kernel == "stream"
+    assert DecodePlan(head_dim=128, dtype="float32", **kw).dense_kernel == "stream"
+    with pytest.raises(ValueError, match="dense_kernel='mma' needs"):
+        DecodePlan(head_dim=256, dtype="bfloat16", dense_kernel="mma", **kw)
+    kw["method"] = "santa"
+    assert DecodePlan(head_dim=64, dtype="bfloat16", **kw).score_kernel == "mma"
+    assert DecodePlan(head_dim=128, dtype="float32", **kw).score_kernel == "stream"
+    with pytest.raises(ValueError, match="score_kernel='mma' needs"):
+        DecodePlan(head_dim=128, dtype="float32", score_kernel="mma", **kw)
+
+
+@pytest.mark.parametrize("groups,max_parts,slots,want", [
+    (8, 128, 528, 63),      # B=1 x KVH=8: the fewest splits within 5% of a full wave (504 of 528)
+    (32, 128, 528, 16),     # B=4: 16 splits (512 blocks), never 17 (544 = 1.03 waves)
+    (128, 128, 528, 4),     # B=16: 4 splits, 512 blocks, not 5 (640 = 1.21 waves)
+    (128, 2, 528, 2),       # capped by the rows a split must have
+    (1056, 50, 528, 1),     # two full waves of groups already: one part each
+])
+def test_wave_fitted_parts(groups, max_parts, slots, want):
+    got = kernels.wave_fitted_parts(groups, max_parts, slots)
+    assert got == want
+    blocks = groups * got
+    waves = -(-blocks // slots)
+    assert blocks / (waves * slots) >= 0.95 * max(groups * p / (-(-groups * p // slots) * slots)
+                                                  for p in range(1, max_parts + 1))
+
+
+def test_resident_blocks_arithmetic():
+    k = types.SimpleNamespace(num_regs=128, shared_size_bytes=0)
+    assert kernels.resident_blocks(k, 128, 16 * 1024) == 4            # registers: 65536 / (128 * 128)
+    assert kernels.resident_blocks(types.SimpleNamespace(num_regs=64), 128, 21 * 1024) == 8
+    assert kernels.resident_blocks(types.SimpleNamespace(num_regs=32), 128, 100 * 1024) == 2   # shared memory
+    assert kernels.resident_blocks(types.SimpleNamespace(num_regs=16), 128, 0) == 16           # threads
+    assert kernels.resident_blocks(object(), 128, 0) == 4                                     # unknown: fallback
+
+
+def test_tile_kernel_choice(launches):
+    from santa_cupy import DecodePlan
+
+    kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=30000)
+    assert DecodePlan(heads=8, **kw).tile_kernel == "warp"                  # 4.4 expected rows per tile
+    assert DecodePlan(heads=8, sampler="iid", **kw).tile_kernel == "block"
+    # the fixed budget: two-pass through the stash above 64 MB of K + V, one fused pass below
+    big = dict(kw, batch=3)                                                  # 3 * 30000 * 2 * 128 * 2 * 2 = 92 MB
+    fixed = DecodePlan(heads=8, budget="fixed", **big)
+    assert (fixed.tile_kernel, fixed.two_pass) == ("warp", True)
+    small = DecodePlan(heads=8, budget="fixed", **kw)                        # 61 MB
+    assert (small.tile_kernel, small.two_pass) == ("block", False)
+    assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).two_pass
+    # staged gather where a tile is expected to select >= 8 rows: G * S * BN / L_max = 4 * S * 128 / 30000
+    assert DecodePlan(heads=8, samples=468, **kw).tile_kernel == "warp"         # 7.99 rows
+    assert DecodePlan(heads=8, samples=469, **kw).tile_kernel == "warp_staged"  # 8.004 rows
+    assert DecodePlan(heads=8, samples=469, tile_kernel="warp", **kw).tile_kernel == "warp"
+    # ... and on tensor cores from 16 (fp16/bf16 at D 64/128): 4 * 938 * 128 / 30000 = 16.008 rows
+    assert DecodePlan(heads=8, samples=937, **kw).tile_kernel == "warp_staged"  # 15.99 rows
+    assert DecodePlan(heads=8, samples=938, **kw).tile_kernel == "warp_mma"
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_mma"
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "warp_staged"
+    assert DecodePlan(heads=8, samples=2048, tile_kernel="warp_staged", **kw).tile_kernel == "warp_staged"
+    with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs dtype"):
+        DecodePlan(heads=8, dtype="float32", tile_kernel="warp_mma", **kw)
+    with pytest.raises(ValueError, match="tile_kernel='warp_staged' needs"):
+        DecodePlan(heads=8, sampler="iid", tile_kernel="warp_staged", **kw)
+    fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
+    assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
+    assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
+    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **big).tile_kernel == "warp"  # any dtype
+    assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
+    with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
+        DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
+    for gone in ("grid", "warp_smem"):                                       # warp_smem is now "warp"
+        with pytest.raises(ValueError, match="tile_kernel"):
+            DecodePlan(heads=8, tile_kernel=gone, **kw)
+
+
+@pytest.mark.parametrize("tiles,groups,slots,want", [
+    (256, 128, 660, 13),    # B=16, 32k: one wave of 640 blocks, not 12.4 waves of single tiles
+    (256, 8, 660, 1),       # B=1: 512 blocks already fit one wave
+    (256, 32, 660, 4),      # B=4: 512 blocks, one wave
+    (1, 1, 660, 1),
+])
+def test_tiles_per_warp(tiles, groups, slots, want):
+    got = kernels.tiles_per_warp(tiles, groups, slots)
+    assert got == want
+    blocks = groups * -(-(-(-tiles // got)) // 4)
+    assert -(-tiles // got) * got >= tiles and blocks <= slots * -(-blocks // slots)
+
+
+def test_runs_of_tiles_launch_and_merge_stride(launches):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3)
+    assert (plan.score_tpw, plan.tile_tpw, plan.T_max) == (3, 3, 24)
+    plan.run(q, k, v, lengths)
+    by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
+    params = _kernel_params()
+    for name in ("santa_score_mma", "santa_tile_warp"):
+        grid, args = by_name[name]
+        assert grid == (2, 2, 2)                               # ceil(ceil(24 / 3) / 4) blocks
+        assert int(args[params[name].index("tiles_per_warp")]) == 3
+    grid, args = by_name["santa_merge"]
+    assert int(args[params["santa_merge"].index("o_stride")]) == 3
+    assert int(args[params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
+    smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
+    assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
+    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
+    assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
+    auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
+    block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
+    assert block.tile_tpw == 1                                 # the block pass 2 writes a partial per tile
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="tiles_per_warp"):
+            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
+
+
+def test_score_ring_launch(launches):
+    """score_kernel="mma_ring": the v4 score pass's ring instance with its dynamic shared memory
+    (4 warps x 4 steps x 16 keys x D x 2 bytes), runs fitted to that occupancy; 16-bit types only."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, score_kernel="mma_ring",
+                      tiles_per_warp=3)
+    plan.run(q, k, v, lengths)
+    by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
+    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    grid, args, smem = by_name["santa_score_mma"]
+    assert grid == (2, 2, 2) and smem == kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma_ring") == 65536
+    assert kernels.score_smem_bytes("bfloat16", 64, 128, 4, "mma_ring") == 32768
+    assert kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma") == 0
+    assert plan._score_warp_kernel[0] is plan.kernels.score_mma_ring
+    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000).score_kernel == "mma"   # opt-in
+    with pytest.raises(ValueError, match="score_kernel='mma_ring' needs"):
+        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="float32",
+                   score_kernel="mma_ring")
+
+
+def test_fixed_warp_launch(launches):
+    """The fixed budget on the warp pass 2: score pass and prefix first (the prefix's cdf gives the
+    tile weights), runs of tiles like the other budgets, and the merge sums the pre-weighted run
+    partials (kind weighted, o_stride = the run length)."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
+                      tile_kernel="warp", tiles_per_warp=5)
+    assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    params = _kernel_params()
+    by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
+    grid, args = by_name["santa_tile_warp"]
+    assert grid == (2, 2, 2)                                   # ceil(ceil(24 / 5) / 4)
+    assert int(args[params["santa_tile_warp"].index("budget")]) == kernels.BUDGET_CODE["fixed"]
+    _, margs = by_name["santa_merge"]
+    assert int(margs[params["santa_merge"].index("o_stride")]) == 5
+    assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_WEIGHTED
+    _, pargs = by_name["santa_prefix"]
+    assert int(pargs[params["santa_prefix"].index("budget_lr")]) == 0

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call for a performance iteration: GPU tests (-k filter optional), memcheck, the kernel
+# bench grid for llama8b, bench stages and e2e. Results: $OUT/perf.tgz plus the printed tables.
+#   SANTA_CUPY_COMMIT=<hash> bash tools/perf_run.sh ["pytest -k expr"]
+# Settings (environment): METHODS, SHAPES, BATCHES, CONTEXTS, BENCH_TIMEOUT, SKIP_E2E, and gpu_check.sh's
+# SMOKE / TEST_TIMEOUT / SKIP_SANITIZER. After a kernel change on a short budget, e.g.
+#   SMOKE=warp_tile TEST_TIMEOUT=60 BATCHES=1,16 bash tools/perf_run.sh
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT" /tmp/perf
+export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+SKIP_BENCH=1 bash tools/gpu_check.sh "${1:-}" 2>&1 | tail -12
+M=${METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,santa-fixed-systematic-2048-staged,torch-cudnn}
+timeout ${BENCH_TIMEOUT:-240} python3 bench.py kernels --shape ${SHAPES:-llama8b} --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
+  --methods "$M" --json /tmp/perf/bench.json --markdown /tmp/perf/bench.md 2>/tmp/perf/bench.err | tail -40
+tail -2 /tmp/perf/bench.err
+SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048}
+timeout 60 python3 bench.py stages --batch 1 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b1.md
+timeout 60 python3 bench.py stages --batch 16 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b16.md
+if [ -z "${SKIP_E2E:-}" ]; then
+  for B in 1 16; do
+    timeout 150 python3 bench.py e2e --batch $B --context 32k --mem-gb 120 --markdown /tmp/perf/e2e_b$B.md 2>>/tmp/perf/bench.err | tail -8
+  done
+fi
+tar -czf "$OUT/perf.tgz" -C /tmp perf

@@ -1,0 +1,48 @@
+"""One decode-attention configuration run a few times, for `ncu` (Nsight Compute).
+
+    ncu --clock-control none --section SpeedOfLight python3 tools/profile_case.py dense 1 32768
+    python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
+    python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged
+    python3 tools/profile_case.py santa-global-systematic-256 1 32768 --kernel mma_ring
+
+Llama-3.1-8B shapes (H=32, KVH=8, D=128), bf16, random K/V; runs the plan `--runs` times."""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cupy  # noqa: E402
+
+from santa_cupy import DecodePlan, spec  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
+ap.add_argument("batch", type=int)
+ap.add_argument("context", type=int)
+ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score pass: the same or mma_ring")
+ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp|warp_staged|warp_mma")
+ap.add_argument("--tiles-per-warp", type=int, default=None, help="santa v4 kernels: tiles per warp (default: fitted)")
+ap.add_argument("--runs", type=int, default=3)
+a = ap.parse_args()
+
+B, H, KVH, D, L = a.batch, 32, 8, 128, a.context
+rs = cupy.random.RandomState(0)
+q = spec.from_float32(rs.standard_normal((B, H, D), dtype=cupy.float32), "bfloat16", cupy)
+k = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0.5, "bfloat16", cupy)
+v = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32), "bfloat16", cupy)
+lengths = cupy.full((B,), L, cupy.int32)
+kind = a.kernel
+if a.method == "dense":
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
+                      method="dense", dense_kernel=kind)
+else:
+    _, budget, sampler, s = a.method.split("-")
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
+                      samples=int(s), sampler=sampler, budget=budget, score_kernel=kind, tile_kernel=a.tile_kernel,
+                      tiles_per_warp=a.tiles_per_warp)
+    print(f"score {plan.score_kernel} x{plan.score_tpw}, pass 2 {plan.tile_kernel} x{plan.tile_tpw}")
+for _ in range(a.runs):
+    plan.run(q, k, v, lengths)
+cupy.cuda.Device().synchronize()
+print("profile case done:", a.method, B, L, kind)

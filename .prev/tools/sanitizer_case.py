@@ -1,0 +1,44 @@
+"""A small decode-attention workload for `compute-sanitizer --tool memcheck` (every method/budget)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cupy  # noqa: E402
+
+from santa_cupy import DecodePlan, decode_attention, spec  # noqa: E402
+
+rng = np.random.default_rng(0)
+B, H, KVH, D, L = 3, 8, 2, 64, 200
+lengths = np.array([1, 63, 200], np.int32)
+q = spec.from_float32(rng.standard_normal((B, H, D)).astype(np.float32), "bfloat16", np)
+k = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
+v = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
+q, k, v, lengths = (cupy.asarray(a) for a in (q, k, v, lengths))
+decode_attention(q, k, v, lengths, method="dense")
+for kind in ("stream", "async", "mma"):
+    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, method="dense",
+               dense_kernel=kind).run(q, k, v, lengths)
+for budget in spec.BUDGETS:
+    for sampler in spec.SAMPLERS:
+        plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
+                          sampler=sampler, budget=budget, block_n=64)
+        plan.run(q, k, v, lengths)
+        plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
+        for runs in (2, 3):                   # one warp per run of tiles (score pass, warp pass 2)
+            # auto (the staged gather here, or the block pass 2), the register, staged and
+            # tensor-core gathers, the K ring
+            sys_only = (lambda kind: kind if sampler == "systematic" else "auto")
+            for score, tile in (("mma", "auto"), ("mma", sys_only("warp")), ("mma", sys_only("warp_staged")),
+                                ("mma", sys_only("warp_mma")), ("mma_ring", sys_only("warp"))):
+                DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                           budget=budget, block_n=64, tiles_per_warp=runs, score_kernel=score,
+                           tile_kernel=tile).run(q, k, v, lengths)
+        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                   budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
+        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
+                   budget=budget, block_n=64, tile_kernel="block").run(q, k, v, lengths)
+cupy.cuda.Device().synchronize()
+print("sanitizer case done")
