@@ -149,8 +149,10 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
 // the same closed-form comb counts) but computed in registers by the 32 lanes of one warp, each
 // owning rows [lane * BN/32, (lane + 1) * BN/32) of a tile; no block barrier, no shared
-// accumulator. Selected rows (the union over the group's heads) are gathered 4 at a time, every
-// lane adding its D/32 elements into per-head register accumulators of the tile.
+// accumulator. Selected rows (the union over the group's heads) are gathered by one of three
+// gathers (kGather, below): 4 at a time with every lane adding its D/32 elements into per-head
+// register accumulators of the tile, staged through shared memory likewise, or staged and added
+// on tensor cores.
 // grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS; warp w of block x
 // takes chunk c = 4x + w, tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) of its sequence.
 // Every budget's estimate is a weighted sum over tiles, so the warp sums its run and writes ONE
@@ -164,11 +166,11 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 //     fixed forms them), .w = ||part_o||^2; merge kind weighted (o = part_o, var = .z summed).
 // A chunk without comb points writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge
 // skips it (santa_merge, o_stride = tiles_per_warp).
-// The run's sums live in shared memory (each lane its own D/32 slice per head) rather than
-// registers, so they are not live through the counts phase (at bf16, D 128, BN 128, G 4: 72
-// instead of 96 registers, 80 since the one-tile-ahead loads below), for one shared
-// read-add-write per tile and head; measured faster at every point of the H200 grid
-// (BENCHMARKS.md, step 8).
+// The run's sums live in shared memory (each lane its own D/32 slice per head, or the mma
+// fragment's elements) rather than registers, so they are not live through the counts phase (at
+// bf16, D 128, BN 128, G 4: 72 instead of 96 registers), for one shared read-add-write per tile
+// and head; measured faster at every point of the H200 grid (BENCHMARKS.md, step 8). Holding the
+// next tile's stash scores across the gather (the pipelining below) took it to 127 (step 9).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
 // then per warp sums [G][D] f32; then, staged gathers, per warp SC_GATHER_STAGE_BYTES of staged V rows.
 
