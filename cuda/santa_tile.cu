@@ -383,7 +383,9 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     extern __shared__ __align__(16) unsigned char smem[];
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
     int* rows = cnt + G * BN;                                          // [BN]
-    // this warp's [G][D] run sums (lane-private slices, so no synchronisation)
+    // this warp's [G][D] run sums: each lane owns a D/32 slice per head (zeroed and written out by
+    // slices); the mma gather's threads add their fragment elements instead, which the
+    // __syncwarp() of warp_tile_counts and of every tile's end order against the slice accesses
     float* sums_w = reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN) + warp * (G * D);
     float* sums = sums_w + lane * E;
     // SC_GATHER_MMA: the results sit in the mma fragment layout, so they are added to sums_w by

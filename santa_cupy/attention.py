@@ -4,8 +4,8 @@ NumPy inputs run the float64 reference (santa_cupy.reference); CuPy inputs (or a
 speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ through a DecodePlan.
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
-  dense:  decode_dense_mma (split-KV; the last block of each KV group merges), or decode_dense_partial
-          (split-KV) -> santa_merge
+  dense:  decode_dense_mma (split-KV; with <= 8 splits a KV group its last block merges, else
+          -> santa_merge), or decode_dense_partial / _async (split-KV) -> santa_merge
   santa, warp pass 2 (systematic sampler, G <= 8; every budget):
         santa_score (stash + tile stats) -> santa_prefix -> santa_tile_warp -> santa_merge
   santa, block pass 2 (other samplers or G > 8):
@@ -172,7 +172,7 @@ class DecodePlan:
         self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged", "warp_mma")
         two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
-        # score pass (KeyRun's registers or KeyRing's ring) and the warp pass 2 (register or staged gather)
+        # score pass (KeyRun's registers or KeyRing's ring) and the warp pass 2 (its gather)
         ring, staged = self.score_kernel == "mma_ring", self.tile_kernel in ("warp_staged", "warp_mma")
         self._score_warp_kernel = (self.kernels.score_mma_ring if ring else self.kernels.score_mma,
                                    kernels.score_smem_bytes(dtype, head_dim, self.block_n, self.G, self.score_kernel))
