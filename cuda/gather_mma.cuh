@@ -10,9 +10,10 @@
 // (in another order). Counts must be exact in T: a tile whose heads draw more than kMaxCount
 // points takes the FMA gather (santa_tile_warp checks HeadDraw::n, an upper bound of a count).
 //
-// Where the scalar gather spent ~45 instructions a row (a 16-bit row slice per lane, a shared
-// count load, a branch and E FMAs per head), a k-step of 16 rows is ~40 (ldmatrix, mma) at D 128
-// (BENCHMARKS.md, step 9: the fixed budget's tile pass issued 3200 instructions a tile).
+// Where the FMA gather spends ~45 instructions a row (a 16-bit row slice per lane, a shared
+// count load, a branch and E FMAs per head), a k-step of 16 rows is ~40 (ldmatrix, mma) at D 128.
+// Measured (BENCHMARKS.md, step 9): the fixed budget's tile stage at 32k 148 -> 127 us; below 16
+// selected rows a tile the padded k-step loses to the FMA gathers, so kernels.py picks it from 16.
 //
 // Stage layout [kRows][D] T with 16-byte chunk c of row r stored at chunk c ^ (r & 7): the 8 row
 // addresses of one ldmatrix 8x8 matrix then fall in 8 distinct bank groups.
@@ -25,7 +26,7 @@
 
 #define SC_GATHER_STAGE_BYTES 4096   // per warp: staged V rows (this gather and warp_gather_add_staged)
 
-// Whether santa_tile_warp's staged gather runs on tensor cores for this (T, D).
+// Whether santa_tile_warp has the tensor-core gather (SC_GATHER_MMA) for this (T, D).
 template <typename T, int D> struct MmaGatherable { static constexpr bool value = false; };
 template <int D> struct MmaGatherable<bf16_t, D> { static constexpr bool value = D == 64 || D == 128; };
 template <int D> struct MmaGatherable<f16_t, D> { static constexpr bool value = D == 64 || D == 128; };
