@@ -842,8 +842,9 @@ class RandomLlama:
     plan.advance() on device. No host sync, so the step is captured as a CUDA graph. GEMMs go through
     llama_min's capturable cuBLAS wrapper (CuPy refuses its own cuBLAS calls during stream capture)."""
 
-    def __init__(self, cp, m: ModelShape, B: int, L: int, L_max: int):
+    def __init__(self, cp, m: ModelShape, B: int, L: int, L_max: int, gemv: bool = False):
         self.cp, self.m, self.B, self.L, self.L_max = cp, m, B, L, L_max
+        self.use_gemv = gemv          # weight products of <= 4 tokens through kernels.gemv
         d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
 
         def w(rows, cols):
@@ -928,7 +929,13 @@ class RandomLlama:
             except Exception as exc:
                 _log(f"no capturable GEMM ({type(exc).__name__}: {exc}); timing eager steps")
                 use_graph = False
-        self.gemm = gemm_obj if gemm_obj is not None else (lambda x, w: x @ w.T)
+        from santa_cupy import kernels
+
+        gemm = gemm_obj if gemm_obj is not None else (lambda x, w: x @ w.T)
+        if self.use_gemv and self.B <= kernels.GEMV_TOKENS[-1]:
+            self.gemm = kernels.gemv               # f32 out; every weight K is a multiple of 8
+        else:
+            self.gemm = gemm
         with cp.cuda.using_allocator(pool.malloc), stream:
             self.step(plan)                       # compiles kernels, fills the private pool
             stream.synchronize()
@@ -1001,10 +1008,14 @@ def _e2e_checkpoint(cp, path, B, L, steps, warmup, methods):
 @click.option("--model", "model_path", type=click.Path(exists=True), default=None,
               help="A checkpoint directory (llama_min); default: Llama-3.1-8B-shaped random weights.")
 @click.option("--no-graph", is_flag=True, help="Time eager steps instead of a captured CUDA graph.")
+@click.option("--gemv", is_flag=True,
+              help="Weight products of <= 4 tokens through santa-cupy's gemv kernel instead of cuBLAS (opt-in, "
+                   "random model only).")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
-def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, mem_gb, json_path, markdown_path):
+def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, gemv, mem_gb, json_path,
+                markdown_path):
     """Whole-model decode latency (ms/token, tokens/s), dense vs SANTA attention."""
     L = parse_size(context, "context")
     method_objs = [parse_method(n) for n in parse_list(methods, "methods", str)]
@@ -1013,6 +1024,8 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
         raise click.BadParameter(f"e2e runs our kernels only, not {', '.join(bad)}", param_hint="--methods")
     shape = ModelShape(layers=layers)
     L_max = L + steps + warmup + 8
+    if gemv and model_path is not None:
+        raise click.UsageError("--gemv applies to the random model only")
     if model_path is None and e2e_memory(shape, batch, L_max) > mem_gb * 1e9:
         raise click.UsageError(f"the random model at batch {batch}, context {L} needs "
                                f"{fmt_bytes(e2e_memory(shape, batch, L_max))} > --mem-gb {mem_gb}; "
@@ -1026,8 +1039,9 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
         meta["model"] = str(model_path)
     else:
         meta["model"] = f"random Llama-3.1-8B-shaped, fp16 weights and KV, {asdict(shape)}"
+        meta["weight_products"] = "santa-cupy gemv (<= 4 tokens), else cuBLAS" if gemv else "cuBLAS"
         _log(f"generating random weights and KV cache ({fmt_bytes(e2e_memory(shape, batch, L_max))}) ...")
-        model = RandomLlama(cp, shape, batch, L, L_max)
+        model = RandomLlama(cp, shape, batch, L, L_max, gemv=gemv)
         rows = []
         for m in method_objs:
             model.reset()

@@ -101,10 +101,15 @@ def main() -> int:
         configs = [(c.split(",")[0], int(c.split(",")[1]), int(c.split(",")[2])) for c in args.config]
     nvrtc = Nvrtc(find_nvrtc())
     jobs = [((*cfg, role), arch) for cfg in configs for role in kernels.roles() for arch in args.arch]
+    if not args.config:                 # the decoder's weight products (one module per dtype)
+        jobs += [((dtype, 0, 0, "gemv"), arch) for dtype in kernels.GEMV_DTYPES for arch in args.arch]
 
     def run(job):
         (dtype, d, g, role), arch = job
-        source, names = kernels.source_for(dtype, d, g, role)
+        if role == "gemv":
+            source, names = kernels.gemv_source(dtype)
+        else:
+            source, names = kernels.source_for(dtype, d, g, role)
         opts = list(kernels.NVRTC_OPTIONS) + [f"--gpu-architecture=sm_{arch}", "--ptxas-options=-v"]
         t0 = time.time()
         try:

@@ -1,0 +1,78 @@
+// gemv.cu — the decoder's weight products for a few tokens: y[t, n] = sum_k x[t, k] w[n, k].
+//
+// Decoding one token per sequence multiplies every weight matrix w [N, K] (16-bit, row-major, as
+// stored) by n_tok <= NB activation rows x [n_tok, K]: a matrix-vector product that reads each
+// weight once and is bound by that read. cuBLAS's GEMM with 1-4 columns measured ~2 TB/s on the
+// H200 (BENCHMARKS.md); this kernel is written to stream w at the bandwidth limit.
+//
+// grid (ceil(N / (4 * kRows))), block 128: warp w of block b computes rows n0 .. n0 + kRows - 1,
+// n0 = (4 b + w) kRows, for every token. Lane l walks the 16-byte chunks c = l, l + 32, ... of
+// those rows, kU chunks of each row in flight (w read once, streaming: __ldcs); x's chunks come
+// through L1 (every warp reads the same x). f32 accumulators, reduced over the warp by shuffles;
+// y is f32 [n_tok, N]. K % 8 == 0 (whole 16-byte chunks), checked by the caller.
+// CPU reference: x.astype(f64) @ w.astype(f64).T (tests/test_gpu_gemv.py).
+#include "common.cuh"
+
+#define SC_GEMV_ROWS 2           // rows per warp
+#define SC_GEMV_U 4              // chunks of each row in flight per lane
+
+// The 8 elements of a 16-byte chunk as floats.
+template <typename T>
+__device__ __forceinline__ void chunk_floats(const uint4& c, float (&f)[8]) {
+    const T* e = reinterpret_cast<const T*>(&c);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
+}
+
+template <typename T, int NB>
+__global__ void __launch_bounds__(SC_NTHREADS)
+gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ y, int N, int K, int n_tok) {
+    static_assert(sizeof(T) == 2, "gemv: 16-bit weights");
+    constexpr int R = SC_GEMV_ROWS, U = SC_GEMV_U;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * (SC_NTHREADS / 32) + warp) * R;
+    if (n0 >= N) return;                                      // whole warp
+    const int chunks = K / 8;
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NB; ++t) acc[r][t] = 0.f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {          // warp-uniform trip count
+        uint4 wc[R][U];
+#pragma unroll
+        for (int r = 0; r < R; ++r)                            // every weight load first
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = c0 + 32 * u;
+                wc[r][u] = c < chunks && n0 + r < N
+                               ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
+                               : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + 32 * u;
+            if (c >= chunks) break;
+            float wf[R][8];
+#pragma unroll
+            for (int r = 0; r < R; ++r) chunk_floats<T>(wc[r][u], wf[r]);
+#pragma unroll
+            for (int t = 0; t < NB; ++t) {
+                if (t >= n_tok) break;
+                float xf[8];
+                chunk_floats<T>(__ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c), xf);
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NB; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && t < n_tok && n0 + r < N) y[(i64)t * N + n0 + r] = v;
+        }
+}

@@ -1,0 +1,60 @@
+"""gemv.cu (the decoder's weight products for <= 4 tokens) against NumPy float64 (marker gpu)."""
+
+import numpy as np
+import pytest
+
+from santa_cupy import kernels, spec
+from tests.gpu_util import rel_l2, requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+
+def _operands(rng, n, N, K, dtype):
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    conv = lambda a: spec.from_float32(a, dtype, np)  # noqa: E731
+    x16, w16 = conv(x), conv(w)
+    ref = spec.to_float32(x16, np).astype(np.float64) @ spec.to_float32(w16, np).astype(np.float64).T
+    return x16, w16, ref
+
+
+@pytest.mark.parametrize("dtype", kernels.GEMV_DTYPES)
+@pytest.mark.parametrize("n,N,K", [(1, 1, 8), (1, 7, 24), (2, 9, 264), (3, 8, 4096), (4, 33, 1000),
+                                   (1, 4099, 4096), (4, 17, 14336)])
+def test_gemv_matches_reference(dtype, n, N, K):
+    """Awkward sizes: one row, rows not a multiple of a block's 8, K of 1 to 56 chunks per lane
+    and not a multiple of the warp's chunk stride, 1 to 4 tokens (3 runs the 4-token instance)."""
+    import cupy
+    x, w, ref = _operands(np.random.default_rng(n * N + K), n, N, K, dtype)
+    y = kernels.gemv(cupy.asarray(x), cupy.asarray(w))
+    assert y.dtype == cupy.float32 and y.shape == (n, N)
+    assert rel_l2(y.get(), ref) < 1e-5            # f32 sums of exact 16-bit products
+
+
+def test_gemv_in_a_graph_and_into_out():
+    import cupy
+    x, w, ref = _operands(np.random.default_rng(1), 2, 100, 512, "float16")
+    xg, wg = cupy.asarray(x), cupy.asarray(w)
+    out = cupy.full((2, 100), cupy.nan, cupy.float32)
+    kernels.gemv(xg, wg, out=out)                # compile outside the capture
+    out.fill(cupy.nan)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        kernels.gemv(xg, wg, out=out)
+        graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    assert rel_l2(out.get(), ref) < 1e-5
+
+
+def test_gemv_rejects_what_it_cannot_do():
+    import cupy
+    x = cupy.zeros((1, 16), cupy.float16)
+    w = cupy.zeros((4, 16), cupy.float16)
+    for bad_x, bad_w in [(cupy.zeros((1, 12), cupy.float16), cupy.zeros((4, 12), cupy.float16)),   # K % 8
+                         (cupy.zeros((5, 16), cupy.float16), w),                                   # 5 tokens
+                         (x, w.astype(cupy.float32)), (x.astype(cupy.uint16), w),                   # dtypes
+                         (x, cupy.zeros((4, 8), cupy.float16)), (x, cupy.zeros((16, 4), cupy.float16).T)]:
+        with pytest.raises(ValueError, match="gemv needs"):
+            kernels.gemv(bad_x, bad_w)
