@@ -303,17 +303,18 @@ def _gemv_module(dtype_name: str):
 
 
 def gemv(x, w, out=None):
-    """y [n, N] float32 = x [n, K] @ w [N, K].T for 16-bit x, w (CuPy, C-contiguous, one dtype:
-    float16, or bfloat16 as uint16 bits), n <= max(GEMV_TOKENS), K % 8 == 0. No host sync."""
+    """y [n, N] float32 = x [n, K] @ w [N, K].T for 16-bit x, w (CuPy, C-contiguous and 16-byte
+    aligned, one dtype: float16, or bfloat16 as uint16 bits), n <= max(GEMV_TOKENS), K % 8 == 0.
+    No host sync."""
     import cupy
 
     dtype_name = "float16" if w.dtype == cupy.float16 else "bfloat16"
     n, K = x.shape
     N = w.shape[0]
     if x.dtype != w.dtype or w.dtype.itemsize != 2 or w.shape[1] != K or K % 8 or not 1 <= n <= GEMV_TOKENS[-1] \
-            or not (x.flags.c_contiguous and w.flags.c_contiguous):
-        raise ValueError(f"gemv needs C-contiguous 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and w [N, K] of one dtype "
-                         f"with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
+            or not (x.flags.c_contiguous and w.flags.c_contiguous) or x.data.ptr % 16 or w.data.ptr % 16:
+        raise ValueError(f"gemv needs C-contiguous, 16-byte aligned 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and "
+                         f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
     nb = next(b for b in GEMV_TOKENS if b >= n)
     kernel = _gemv_module(dtype_name).get_function(gemv_names(dtype_name)[nb])
     y = cupy.empty((n, N), cupy.float32) if out is None else out

@@ -55,6 +55,7 @@ def test_gemv_rejects_what_it_cannot_do():
     for bad_x, bad_w in [(cupy.zeros((1, 12), cupy.float16), cupy.zeros((4, 12), cupy.float16)),   # K % 8
                          (cupy.zeros((5, 16), cupy.float16), w),                                   # 5 tokens
                          (x, w.astype(cupy.float32)), (x.astype(cupy.uint16), w),                   # dtypes
-                         (x, cupy.zeros((4, 8), cupy.float16)), (x, cupy.zeros((16, 4), cupy.float16).T)]:
+                         (x, cupy.zeros((4, 8), cupy.float16)), (x, cupy.zeros((16, 4), cupy.float16).T),
+                         (cupy.zeros((1, 20), cupy.float16)[:, 4:], w)]:                           # unaligned
         with pytest.raises(ValueError, match="gemv needs"):
             kernels.gemv(bad_x, bad_w)
