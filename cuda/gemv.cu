@@ -16,14 +16,6 @@
 #define SC_GEMV_ROWS 2           // rows per warp
 #define SC_GEMV_U 4              // chunks of each row in flight per lane
 
-// The 8 elements of a 16-byte chunk as floats.
-template <typename T>
-__device__ __forceinline__ void chunk_floats(const uint4& c, float (&f)[8]) {
-    const T* e = reinterpret_cast<const T*>(&c);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
-}
-
 template <typename T, int NB>
 __global__ void __launch_bounds__(SC_NTHREADS)
 gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ y, int N, int K, int n_tok) {
@@ -39,15 +31,15 @@ gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ 
 #pragma unroll
         for (int t = 0; t < NB; ++t) acc[r][t] = 0.f;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {          // warp-uniform trip count
-        uint4 wc[R][U];
+        Chunk<T> wc[R][U];                                    // 8 elements: one uint4
 #pragma unroll
         for (int r = 0; r < R; ++r)                            // every weight load first
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int c = c0 + 32 * u;
-                wc[r][u] = c < chunks && n0 + r < N
-                               ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
-                               : make_uint4(0u, 0u, 0u, 0u);
+                wc[r][u].w[0] = c < chunks && n0 + r < N
+                                    ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
+                                    : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -55,12 +47,14 @@ gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ 
             if (c >= chunks) break;
             float wf[R][8];
 #pragma unroll
-            for (int r = 0; r < R; ++r) chunk_floats<T>(wc[r][u], wf[r]);
+            for (int r = 0; r < R; ++r) wc[r][u].to_floats(wf[r]);
 #pragma unroll
             for (int t = 0; t < NB; ++t) {
                 if (t >= n_tok) break;
+                Chunk<T> xc;
+                xc.w[0] = __ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c);
                 float xf[8];
-                chunk_floats<T>(__ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c), xf);
+                xc.to_floats(xf);
 #pragma unroll
                 for (int r = 0; r < R; ++r)
 #pragma unroll

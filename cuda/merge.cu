@@ -23,11 +23,7 @@
 
 // Block-wide combine of the (m, z) pairs; every thread gets the result.
 __device__ __forceinline__ void block_lse(float& m, float& z, float* red_m, float* red_z) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float mo = __shfl_xor_sync(0xffffffffu, m, off), zo = __shfl_xor_sync(0xffffffffu, z, off);
-        lse_push(m, z, mo, zo);
-    }
+    warp_lse(m, z);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) { red_m[warp] = m; red_z[warp] = z; }
     __syncthreads();
@@ -46,23 +42,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return v;
 }
 
-// kPerLane consecutive floats (D / 32 = 2, 4 or 8) as one or two vector loads.
-template <int N>
-__device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
-    if constexpr (N % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < N; i += 4) {
-            const float4 x = *reinterpret_cast<const float4*>(src + i);
-            v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < N; i += 2) {
-            const float2 x = *reinterpret_cast<const float2*>(src + i);
-            v[i] = x.x; v[i + 1] = x.y;
-        }
-    }
-}
 
 // grid (H, B), block SC_MERGE_THREADS (16 warps). Pass 1: one read of part_s gives m* and Z
 // (online log-sum-exp). Pass 2: warp w merges partials w, w + 16, ..., U of them in flight, its

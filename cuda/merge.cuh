@@ -11,6 +11,37 @@ __device__ __forceinline__ void lse_push(float& m, float& z, float m_p, float z_
     else z += z_p * __expf(m_p - m);
 }
 
+// The (m, z) pairs of the warp combined; every lane gets the result.
+__device__ __forceinline__ void warp_lse(float& m, float& z) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, off), zo = __shfl_xor_sync(0xffffffffu, z, off);
+        lse_push(m, z, mo, zo);
+    }
+}
+
+// N consecutive floats (N = 2, 4 or 8; 8- or 16-byte aligned) as vector loads; kThroughL2: __ldcg
+// (data another block of the same kernel wrote).
+template <int N, bool kThroughL2 = false>
+__device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
+    static_assert(N % 2 == 0, "whole float2 loads");
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) {
+            const float4* p = reinterpret_cast<const float4*>(src + i);
+            const float4 x = kThroughL2 ? __ldcg(p) : *p;
+            v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i += 2) {
+            const float2* p = reinterpret_cast<const float2*>(src + i);
+            const float2 x = kThroughL2 ? __ldcg(p) : *p;
+            v[i] = x.x; v[i + 1] = x.y;
+        }
+    }
+}
+
 // Whether this block is the last of `expected` to arrive at *counter (every thread gets the
 // answer). The block's global writes before the call are visible to the last block after it; the
 // last block resets the counter, so the next launch (or graph replay) finds it at 0.
@@ -28,21 +59,6 @@ __device__ __forceinline__ bool block_arrives_last(unsigned* counter, unsigned e
     return is_last;
 }
 
-// N consecutive floats through L2 (vector loads for N = 2, 4).
-template <int N>
-__device__ __forceinline__ void load_lane_l2(const float* src, float (&v)[N]) {
-    if constexpr (N == 4) {
-        const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
-        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
-    } else if constexpr (N == 2) {
-        const float2 x = __ldcg(reinterpret_cast<const float2*>(src));
-        v[0] = x.x; v[1] = x.y;
-    } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = __ldcg(src + i);
-    }
-}
-
 // One warp merges head bh's n_parts dense split partials (merge kind dense: o = sum_p e^(m_p - m*)
 // part_o_p / Z) into out[bh], lse[bh] (spread 0). Reads through L2 (__ldcg): other blocks wrote
 // the partials during this kernel. part_o [.., P_max, D], part_s [.., P_max] of head bh.
@@ -56,11 +72,7 @@ __device__ __forceinline__ void warp_merge_dense_head(const float* part_o, const
         const float4 s4 = __ldcg(part_s + p);
         lse_push(m_star, z, s4.x, s4.y);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float mo = __shfl_xor_sync(0xffffffffu, m_star, off), zo = __shfl_xor_sync(0xffffffffu, z, off);
-        lse_push(m_star, z, mo, zo);
-    }
+    warp_lse(m_star, z);
     float o[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) o[e] = 0.f;
@@ -75,7 +87,7 @@ __device__ __forceinline__ void warp_merge_dense_head(const float* part_o, const
             if (p < n_parts) {
                 const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_s + p));
                 if (ml.y > 0.f) w[u] = __expf(ml.x - m_star) / z;
-                load_lane_l2<E>(part_o + (i64)p * D + lane * E, v[u]);
+                load_lane<E, true>(part_o + (i64)p * D + lane * E, v[u]);
             }
         }
 #pragma unroll
