@@ -179,8 +179,8 @@ def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> i
 # gathers 4 rows at a time in registers ("warp"), through shared memory ("warp_staged"), or staged
 # and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
 TILE_KERNELS = ("auto", "block", "warp", "warp_staged", "warp_mma")
-GATHER_MMA = 2               # SC_GATHER_REGS / _STAGED / _MMA (santa_tile.cu)
-TILE_WARP_GATHERS = {"tile_warp": 0, "tile_warp_staged": 1, "tile_warp_mma": GATHER_MMA}
+GATHER_REGS, GATHER_STAGED, GATHER_MMA = 0, 1, 2   # SC_GATHER_* (santa_tile.cu): kGather
+TILE_WARP_GATHERS = {"tile_warp": GATHER_REGS, "tile_warp_staged": GATHER_STAGED, "tile_warp_mma": GATHER_MMA}
 WARP_TILE_MAX_G = 8
 STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
 MMA_MIN_ROWS = 16            # ... and gathers on tensor cores from this many (where it can)
@@ -295,6 +295,12 @@ def gemv_source(dtype_name: str) -> tuple[str, list[str]]:
 
 
 @functools.lru_cache(maxsize=None)
+def _gemv_kernel(dtype_name: str, nb: int):
+    """The NB-token instance (the module compiled once per dtype; no lookups per decode step)."""
+    return _gemv_module(dtype_name).get_function(gemv_names(dtype_name)[nb])
+
+
+@functools.lru_cache(maxsize=None)
 def _gemv_module(dtype_name: str):
     import cupy
 
@@ -316,9 +322,12 @@ def gemv(x, w, out=None):
         raise ValueError(f"gemv needs C-contiguous, 16-byte aligned 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and "
                          f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
     nb = next(b for b in GEMV_TOKENS if b >= n)
-    kernel = _gemv_module(dtype_name).get_function(gemv_names(dtype_name)[nb])
+    if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != cupy.float32 or out.shape != (n, N)
+                            or not out.flags.c_contiguous):
+        raise ValueError(f"gemv needs out as a C-contiguous float32 cupy array of shape {(n, N)}, got "
+                         f"{type(out).__name__} {getattr(out, 'dtype', '?')} {getattr(out, 'shape', '?')}")
     y = cupy.empty((n, N), cupy.float32) if out is None else out
-    launch(kernel, (-(-N // GEMV_ROWS_PER_BLOCK),), (w, x, y, i32(N), i32(K), i32(n)))
+    launch(_gemv_kernel(dtype_name, nb), (-(-N // GEMV_ROWS_PER_BLOCK),), (w, x, y, i32(N), i32(K), i32(n)))
     return y
 
 

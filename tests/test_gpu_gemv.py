@@ -59,3 +59,7 @@ def test_gemv_rejects_what_it_cannot_do():
                          (cupy.zeros((1, 20), cupy.float16)[:, 4:], w)]:                           # unaligned
         with pytest.raises(ValueError, match="gemv needs"):
             kernels.gemv(bad_x, bad_w)
+    for bad_out in (cupy.zeros((1, 4), cupy.float16), cupy.zeros((4, 1), cupy.float32),
+                    cupy.zeros((1, 8), cupy.float32)[:, ::2]):
+        with pytest.raises(ValueError, match="gemv needs out"):
+            kernels.gemv(x, w, out=bad_out)
