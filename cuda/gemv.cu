@@ -10,7 +10,7 @@
 // those rows, kU chunks of each row in flight (w read once, streaming: __ldcs); x's chunks come
 // through L1 (every warp reads the same x). f32 accumulators, reduced over the warp by shuffles;
 // y is f32 [n_tok, N]. K % 8 == 0 (whole 16-byte chunks), checked by the caller.
-// CPU reference: x.astype(f64) @ w.astype(f64).T (tests/test_gpu_gemv.py).
+// CPU reference: santa_cupy/reference.py weight_product (tests/test_gpu_gemv.py).
 #include "common.cuh"
 
 #define SC_GEMV_ROWS 2           // rows per warp

@@ -440,3 +440,11 @@ def santa_attention(
         _, lse[b] = exact_tile_weights(s, n, block_n)
         rows_read[b] = (cg > 0).any(axis=1).sum(axis=-1)
     return o, lse, rows_read, spread, counts
+
+
+# ------------------------------------------------------------------- the decoder's weight products
+
+
+def weight_product(x, w):
+    """gemv.cu's product in float64: y [n, N] = x [n, K] @ w [N, K].T (uint16 is bfloat16 bits)."""
+    return to_float64(x) @ to_float64(w).T

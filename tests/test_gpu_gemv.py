@@ -1,9 +1,9 @@
-"""gemv.cu (the decoder's weight products for <= 4 tokens) against NumPy float64 (marker gpu)."""
+"""gemv.cu (the decoder's weight products for <= 4 tokens) against reference.weight_product (marker gpu)."""
 
 import numpy as np
 import pytest
 
-from santa_cupy import kernels, spec
+from santa_cupy import kernels, reference, spec
 from tests.gpu_util import rel_l2, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -14,8 +14,7 @@ def _operands(rng, n, N, K, dtype):
     w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
     conv = lambda a: spec.from_float32(a, dtype, np)  # noqa: E731
     x16, w16 = conv(x), conv(w)
-    ref = spec.to_float32(x16, np).astype(np.float64) @ spec.to_float32(w16, np).astype(np.float64).T
-    return x16, w16, ref
+    return x16, w16, reference.weight_product(x16, w16)
 
 
 @pytest.mark.parametrize("dtype", kernels.GEMV_DTYPES)
