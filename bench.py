@@ -56,7 +56,10 @@ KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels
 # at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
 # = staged and on tensor cores (tile_kernel="warp_mma"), or "mma_ring" = the v4 score pass with its
 # K steps in a shared-memory ring (score_kernel="mma_ring")
-SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring", "block", "tpw1", "warp", "staged", "warpmma")
+SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
+                        "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
+                        "warpmma": {"tile_kernel": "warp_mma"}}
+SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring",) + tuple(SANTA_SUFFIX_OPTIONS)
 DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
                    "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
                    "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
@@ -501,17 +504,9 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
         kw = dict(method="dense", dense_kernel=method.backend or "auto")
     else:
         kw = dict(method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
-        if method.backend == "block":
-            kw["tile_kernel"] = "block"
-        elif method.backend == "tpw1":
-            kw["tiles_per_warp"] = 1
-        elif method.backend == "warp":
-            kw["tile_kernel"] = "warp"
-        elif method.backend == "staged":
-            kw["tile_kernel"] = "warp_staged"
-        elif method.backend == "warpmma":
-            kw["tile_kernel"] = "warp_mma"
-        elif method.backend:
+        if method.backend in SANTA_SUFFIX_OPTIONS:
+            kw.update(SANTA_SUFFIX_OPTIONS[method.backend])
+        elif method.backend:                         # a score-pass version
             kw["score_kernel"] = method.backend
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)
