@@ -828,120 +828,40 @@ def e2e_derived(rows: list[dict], ceiling_tbps: float | None, floor_bytes: int) 
     return rows
 
 
-class RandomLlama:
-    """Llama-shaped decoder with random fp16 weights and a random fp16 KV cache, all on the GPU.
+def random_llama(cp, m: ModelShape, B: int, L: int, L_max: int):
+    """-> (llama_min LlamaModel, KVCache): the e2e model when no --model is given. Random fp16
+    weights generated on the GPU (no download), unit norms, and a cache of random fp16 K/V
+    holding L tokens of every sequence (no prefill). The decode step is llama_min's own."""
+    from llama_min.config import LlamaConfig
+    from llama_min.model import LlamaModel
 
-    step(): embed -> per layer [RMSNorm, QKV GEMM, rotary on q/k at the current position, K/V
-    append, attention via one DecodePlan (layer=i), O GEMM, RMSNorm, gate/up GEMM, SiLU*up, down GEMM]
-    -> final norm -> lm_head -> argmax fed back as the next token; positions += 1 and
-    plan.advance() on device. No host sync, so the step is captured as a CUDA graph. GEMMs go through
-    llama_min's capturable cuBLAS wrapper (CuPy refuses its own cuBLAS calls during stream capture)."""
+    cfg = LlamaConfig(hidden_size=m.hidden, intermediate_size=m.intermediate, num_hidden_layers=m.layers,
+                      num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+                      rms_norm_eps=m.eps, rope_theta=m.rope_theta, rope_scaling=None, max_position_embeddings=L_max,
+                      vocab_size=m.vocab, tie_word_embeddings=False, bos_token_id=None,
+                      source="bench e2e (random weights)")
+    d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
 
-    def __init__(self, cp, m: ModelShape, B: int, L: int, L_max: int, gemv: bool = False):
-        self.cp, self.m, self.B, self.L, self.L_max = cp, m, B, L, L_max
-        self.use_gemv = gemv          # weight products of <= 4 tokens through kernels.gemv
-        d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
+    def w(rows, cols):
+        return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
 
-        def w(rows, cols):
-            return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
+    layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w(HD + 2 * KD, d), "wo": w(d, HD),
+               "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w(2 * I, d), "w_down": w(d, I)}
+              for _ in range(m.layers)]
+    weights = {"embed": w(m.vocab, d), "lm_head": w(m.vocab, d), "norm": cp.ones((d,), cp.float32), "layers": layers}
+    model = LlamaModel(cfg, weights, cp, "gpu", "float16", "float16")
+    cache = model.new_cache(B, L_max)
+    _fill_random_kv(cp, model, cache, L)
+    return model, cache
 
-        self.embed, self.lm_head = w(m.vocab, d), w(m.vocab, d)
-        self.norm = cp.ones((d,), cp.float32)
-        self.layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w(HD + 2 * KD, d), "wo": w(d, HD),
-                        "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w(2 * I, d), "w_down": w(d, I)}
-                       for _ in range(m.layers)]
-        shape = (B, L_max, m.kv_heads, m.head_dim)
-        self.k = [random_array(cp, shape, "float16") for _ in range(m.layers)]
-        self.v = [random_array(cp, shape, "float16") for _ in range(m.layers)]
-        inv = 1.0 / (m.rope_theta ** (cp.arange(0, m.head_dim, 2, dtype=cp.float64) / m.head_dim))
-        ang = cp.arange(L_max, dtype=cp.float64)[:, None] * inv[None, :]
-        self.cos, self.sin = cp.cos(ang).astype(cp.float32), cp.sin(ang).astype(cp.float32)
-        self.tokens = cp.ones((B,), cp.int32)
-        self.pos = cp.full((B,), L, cp.int32)
-        self.rows = cp.arange(B)
-        self.gemm = lambda x, w: x @ w.T  # replaced by the capturable GEMM in capture()
 
-    def reset(self):
-        self.pos.fill(self.L)
-        self.tokens.fill(1)
-
-    def _rmsnorm(self, x, w):
-        cp = self.cp
-        return (x * cp.reciprocal(cp.sqrt((x * x).mean(-1, keepdims=True) + self.m.eps)) * w).astype(cp.float16)
-
-    @staticmethod
-    def _rope(x, cos, sin):                  # x [B, n, D] f32; cos/sin [B, 1, D/2]; rotate_half
-        h = x.shape[-1] // 2
-        out = x.copy()
-        out[..., :h] = x[..., :h] * cos - x[..., h:] * sin
-        out[..., h:] = x[..., h:] * cos + x[..., :h] * sin
-        return out
-
-    def step(self, plan):
-        cp, m, B = self.cp, self.m, self.B
-        H, KVH, D = m.heads, m.kv_heads, m.head_dim
-        f32, f16 = cp.float32, cp.float16
-        x = self.embed[self.tokens].astype(f32)
-        cos, sin = self.cos[self.pos][:, None, :], self.sin[self.pos][:, None, :]
-        lens = self.pos + 1
-        for i, lw in enumerate(self.layers):
-            qkv = self.gemm(self._rmsnorm(x, lw["attn_norm"]), lw["wqkv"]).astype(f32)
-            q = self._rope(qkv[:, :H * D].reshape(B, H, D), cos, sin).astype(f16)
-            k = self._rope(qkv[:, H * D:(H + KVH) * D].reshape(B, KVH, D), cos, sin).astype(f16)
-            self.k[i][self.rows, self.pos] = k
-            self.v[i][self.rows, self.pos] = qkv[:, (H + KVH) * D:].reshape(B, KVH, D).astype(f16)
-            o = plan.run(q, self.k[i], self.v[i], lens, layer=i, validate=False)
-            x = x + self.gemm(o.reshape(B, H * D), lw["wo"]).astype(f32)
-            gu = self.gemm(self._rmsnorm(x, lw["mlp_norm"]), lw["w_gu"]).astype(f32)
-            g, u = gu[:, :m.intermediate], gu[:, m.intermediate:]
-            a = (g / (1.0 + cp.exp(-g)) * u).astype(f16)
-            x = x + self.gemm(a, lw["w_down"]).astype(f32)
-        logits = self.gemm(self._rmsnorm(x, self.norm), self.lm_head)
-        self.tokens[...] = cp.argmax(logits, axis=1).astype(cp.int32)
-        self.pos += 1
-        plan.advance()
-        return logits
-
-    def make_plan(self, method: Method):
-        from santa_cupy import DecodePlan
-
-        kw = dict(method="dense") if method.kind == "dense" else dict(
-            method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
-        return DecodePlan(batch=self.B, heads=self.m.heads, kv_heads=self.m.kv_heads, head_dim=self.m.head_dim,
-                          max_length=self.L_max, dtype="float16", **kw)
-
-    def capture(self, plan, use_graph=True):
-        """-> (run(), stream, mode). One eager warm-up step, then a captured step (private pool)."""
-        cp = self.cp
-        cp.cuda.Device().synchronize()            # weights/KV/reset ran on the default stream
-        stream = cp.cuda.Stream(non_blocking=True)
-        pool = cp.cuda.MemoryPool()
-        gemm_obj = None
-        if use_graph:
-            try:
-                from llama_min.model import _CublasGemm
-                gemm_obj = _CublasGemm(stream)
-            except Exception as exc:
-                _log(f"no capturable GEMM ({type(exc).__name__}: {exc}); timing eager steps")
-                use_graph = False
-        from santa_cupy import kernels
-
-        gemm = gemm_obj if gemm_obj is not None else (lambda x, w: x @ w.T)
-        if self.use_gemv and self.B <= kernels.GEMV_TOKENS[-1]:
-            self.gemm = kernels.gemv               # f32 out; every weight K is a multiple of 8
-        else:
-            self.gemm = gemm
-        with cp.cuda.using_allocator(pool.malloc), stream:
-            self.step(plan)                       # compiles kernels, fills the private pool
-            stream.synchronize()
-            if not use_graph:
-                return (lambda: self.step(plan)), stream, "eager", (pool, gemm_obj)
-            stream.begin_capture()
-            try:
-                self.step(plan)
-            finally:
-                graph = stream.end_capture()
-        return (lambda: graph.launch(stream)), stream, "graph", (pool, gemm_obj, graph)
+def _fill_random_kv(cp, model, cache, L):
+    """Random K/V in every layer of the cache (never zeros), which then holds L tokens."""
+    for layer in range(len(cache.k)):
+        for kv in (cache.k[layer], cache.v[layer]):
+            kv[...] = random_array(cp, kv.shape, model.kv_dtype).view(kv.dtype)
+    cache.lengths[...] = L
+    cache.length = L
 
 
 def time_steps(cp, run, stream, steps, warmup):
@@ -959,36 +879,36 @@ def time_steps(cp, run, stream, steps, warmup):
     return statistics.median(times), min(times)
 
 
-def _e2e_checkpoint(cp, path, B, L, steps, warmup, methods):
-    """A real checkpoint through llama_min (GraphDecoder); the KV cache is filled with random data
-    instead of a prefill of L tokens."""
-    try:
-        from llama_min.model import AttentionConfig, GraphDecoder, LlamaModel
-    except ImportError as exc:
-        raise click.ClickException(f"--model needs llama_min.model.LlamaModel/GraphDecoder ({exc}); "
-                                   "not yet supported in this checkout")
-    model = LlamaModel.from_pretrained(path, device="gpu")
-    cfg = model.cfg
-    cache = model.new_cache(B, L + steps + warmup + 8)
-    for layer in range(cfg.num_hidden_layers):
-        for kv in (cache.k[layer], cache.v[layer]):
-            kv[...] = random_array(cp, kv.shape, model.kv_dtype).view(kv.dtype)
+def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=False, graph=True):
+    """Time llama_min's decode step for each method over the same weights and cache, reset to
+    L tokens before each method: a CUDA graph (GraphDecoder) replayed, or eager model.decode()."""
+    from llama_min.model import AttentionConfig, GraphDecoder
+
+    B = cache.batch
     rows = []
     for m in methods:
         cache.lengths[...] = L
         cache.length, cache.step = L, 0
         att = AttentionConfig(method=m.kind, **({} if m.kind == "dense" else
                               dict(samples=m.samples, sampler=m.sampler, budget=m.budget)))
-        gd = GraphDecoder(model, cache, att)
         tokens = cp.ones((B,), cp.int32)
-        ms, ms_min = time_steps(cp, lambda: gd.replay(tokens), gd.stream, steps, warmup)
-        rows.append({"method": m.name, "B": B, "L": L, "ms": ms, "ms_min": ms_min, "timing": "graph (llama_min)",
-                     "note": "random KV, no prefill"})
-        del gd
-    ms_shape = ModelShape(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
-                          kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                          intermediate=cfg.intermediate_size, vocab=cfg.vocab_size)
-    return rows, ms_shape
+        if graph:
+            gd = GraphDecoder(model, cache, att, gemv=gemv)
+            run, stream, plan = (lambda: gd.replay(tokens)), gd.stream, gd.plan
+        else:
+            gd, stream = None, cp.cuda.get_current_stream()
+            model.decode(tokens, cache, att)                       # builds the cached plan
+            run, plan = (lambda: model.decode(tokens, cache, att)), cache.plans.get(att)
+        ms, ms_min = time_steps(cp, run, stream, steps, warmup)
+        row = {"method": m.name, "B": B, "L": L, "ms": ms, "ms_min": ms_min, "timing": "graph" if graph else "eager"}
+        if m.kind == "santa" and plan is not None:
+            last_len = int(cache.lengths[0])       # the last step attended over this many rows
+            row["rows_frac"] = float(plan.info().rows_read.sum()) / (B * model.KVH * last_len)
+        rows.append(row)
+        if gd is not None:
+            gd.close()
+        cp.cuda.Device().synchronize()
+    return rows
 
 
 @bench.command("e2e")
@@ -1004,8 +924,8 @@ def _e2e_checkpoint(cp, path, B, L, steps, warmup, methods):
               help="A checkpoint directory (llama_min); default: Llama-3.1-8B-shaped random weights.")
 @click.option("--no-graph", is_flag=True, help="Time eager steps instead of a captured CUDA graph.")
 @click.option("--gemv", is_flag=True,
-              help="Weight products of <= 4 tokens through santa-cupy's gemv kernel instead of cuBLAS (opt-in, "
-                   "random model only).")
+              help="Weight products of <= 4 tokens through santa-cupy's gemv kernel instead of cuBLAS "
+                   "(GraphDecoder(gemv=True); needs the graph).")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
@@ -1019,8 +939,8 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
         raise click.BadParameter(f"e2e runs our kernels only, not {', '.join(bad)}", param_hint="--methods")
     shape = ModelShape(layers=layers)
     L_max = L + steps + warmup + 8
-    if gemv and model_path is not None:
-        raise click.UsageError("--gemv applies to the random model only")
+    if gemv and no_graph:
+        raise click.UsageError("--gemv needs the captured graph (drop --no-graph)")
     if model_path is None and e2e_memory(shape, batch, L_max) > mem_gb * 1e9:
         raise click.UsageError(f"the random model at batch {batch}, context {L} needs "
                                f"{fmt_bytes(e2e_memory(shape, batch, L_max))} > --mem-gb {mem_gb}; "
@@ -1030,27 +950,28 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
     _log("measuring the streaming-read ceiling ...")
     ceiling = measure_ceiling(cp)
     if model_path is not None:
-        rows, shape = _e2e_checkpoint(cp, model_path, batch, L, steps, warmup, method_objs)
+        from llama_min.model import LlamaModel
+
+        _log(f"loading {model_path} ...")
+        model = LlamaModel.from_pretrained(model_path, device="gpu")
+        cfg = model.cfg
+        cache = model.new_cache(batch, L_max)
+        _fill_random_kv(cp, model, cache, L)
+        shape = ModelShape(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
+                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                           intermediate=cfg.intermediate_size, vocab=cfg.vocab_size)
         meta["model"] = str(model_path)
+        note = "random KV, no prefill"
     else:
         meta["model"] = f"random Llama-3.1-8B-shaped, fp16 weights and KV, {asdict(shape)}"
-        meta["weight_products"] = "santa-cupy gemv (<= 4 tokens), else cuBLAS" if gemv else "cuBLAS"
         _log(f"generating random weights and KV cache ({fmt_bytes(e2e_memory(shape, batch, L_max))}) ...")
-        model = RandomLlama(cp, shape, batch, L, L_max, gemv=gemv)
-        rows = []
-        for m in method_objs:
-            model.reset()
-            plan = model.make_plan(m)
-            run, stream, mode, keep = model.capture(plan, use_graph=not no_graph)
-            ms, ms_min = time_steps(cp, run, stream, steps, warmup)
-            row = {"method": m.name, "B": batch, "L": L, "ms": ms, "ms_min": ms_min, "timing": mode,
-                   "note": "random weights, random KV, no prefill"}
-            if m.kind == "santa":
-                last_len = int(model.pos[0])       # the last step attended over pos rows
-                row["rows_frac"] = float(plan.info().rows_read.sum()) / (batch * shape.kv_heads * last_len)
-            rows.append(row)
-            del run, keep, plan
-            cp.cuda.Device().synchronize()
+        model, cache = random_llama(cp, shape, batch, L, L_max)
+        note = "random weights, random KV, no prefill"
+    meta["decode_step"] = "llama_min (fused RMSNorm / rotary + K/V append / SiLU kernels, residual adds in the products)"
+    meta["weight_products"] = "santa-cupy gemv (<= 4 tokens), else cuBLAS" if gemv else "cuBLAS"
+    rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph)
+    for r in rows:
+        r["note"] = note
     floor = e2e_bytes(shape, batch, L)
     meta["byte_floor"] = floor
     meta["byte_floor_text"] = (f"weights {fmt_bytes(floor['weights'])} + KV {fmt_bytes(floor['kv'])} at context "

@@ -9,7 +9,8 @@
 // n0 = (4 b + w) kRows, for every token. Lane l walks the 16-byte chunks c = l, l + 32, ... of
 // those rows, kU chunks of each row in flight (w read once, streaming: __ldcs); x's chunks come
 // through L1 (every warp reads the same x). f32 accumulators, reduced over the warp by shuffles;
-// y is f32 [n_tok, N]. K % 8 == 0 (whole 16-byte chunks), checked by the caller.
+// y is f32 [n_tok, N], written (accumulate = 0) or added to (accumulate = 1: the residual update
+// x += o W^T in one launch). K % 8 == 0 (whole 16-byte chunks), checked by the caller.
 // CPU reference: santa_cupy/reference.py weight_product (tests/test_gpu_gemv.py).
 #include "common.cuh"
 
@@ -18,7 +19,8 @@
 
 template <typename T, int NB>
 __global__ void __launch_bounds__(SC_NTHREADS)
-gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ y, int N, int K, int n_tok) {
+gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ y, int N, int K, int n_tok,
+           int accumulate) {
     static_assert(sizeof(T) == 2, "gemv: 16-bit weights");
     constexpr int R = SC_GEMV_ROWS, U = SC_GEMV_U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -67,6 +69,9 @@ gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ 
 #pragma unroll
         for (int t = 0; t < NB; ++t) {
             const float v = warp_sum(acc[r][t]);
-            if (lane == 0 && t < n_tok && n0 + r < N) y[(i64)t * N + n0 + r] = v;
+            if (lane == 0 && t < n_tok && n0 + r < N) {
+                float* dst = y + (i64)t * N + n0 + r;
+                *dst = accumulate ? *dst + v : v;
+            }
         }
 }

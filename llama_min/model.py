@@ -118,6 +118,7 @@ class LlamaModel:
         self.sin = xp.asarray(np.sin(ang).astype(np.float32))
         self._aranges = {}
         self._gemm = None          # set by GraphDecoder while warming up / capturing
+        self._eager_gemm = None    # GPU: a _CublasGemm of our own, made at the first product
 
     # ------------------------------------------------------------------ loading
 
@@ -223,12 +224,23 @@ class LlamaModel:
         h = self._rmsnorm(x, self.w["norm"]).astype(self.mm_dtype)
         return self._linear(h, self.w["lm_head"]).astype(np.float32, copy=False)
 
-    def _linear(self, x, w):
-        """x [N, K] @ w[N_out, K].T -> [N, N_out] (cuBLAS through ctypes while a graph is captured,
-        since CuPy refuses cuBLAS calls during stream capture)."""
-        if self._gemm is not None:
-            return self._gemm(x, w)
-        return x @ w.T
+    def _linear(self, x, w, accumulate_into=None, out_dtype=None):
+        """x [N, K] @ w[N_out, K].T -> [N, N_out] of w's dtype (or out_dtype); with accumulate_into
+        (a float32 [N, N_out] array, the residual stream) the product is added to it instead.
+        On the GPU: cuBLAS through ctypes (CuPy refuses cuBLAS calls during stream capture), or
+        GraphDecoder's weight products (cuBLAS or gemv.cu) while it warms up and captures."""
+        gemm = self._gemm
+        if gemm is None and self.xp is not np:      # the same cuBLAS calls as in the graph
+            if self._eager_gemm is None:
+                self._eager_gemm = _CublasGemm()
+            gemm = self._eager_gemm
+        if gemm is not None:
+            return gemm(x, w, accumulate_into=accumulate_into, out_dtype=out_dtype)
+        y = x @ w.T
+        if accumulate_into is not None:
+            accumulate_into += y
+            return accumulate_into
+        return y if out_dtype is None else y.astype(out_dtype, copy=False)
 
     def _arange(self, n):
         if n not in self._aranges:
@@ -377,6 +389,8 @@ class LlamaModel:
     def _decode_core(self, tokens, cache: KVCache, attn):
         """tokens [B] device int32 -> logits [B, V] f32. Reads positions from cache.lengths on
         device (no host sync); writes K/V at those positions; does not advance anything."""
+        if self.xp is not np:
+            return self._decode_core_gpu(tokens, cache, attn)
         B = tokens.shape[0]
         H, D = self.H, self.D
         pos = cache.lengths                                   # [B] int32
@@ -392,24 +406,46 @@ class LlamaModel:
             x = self._out_mlp(lw, x, self._from_kv(o, np.float32).reshape(B, H * D))
         return self._head(x)
 
+    def _decode_core_gpu(self, tokens, cache: KVCache, attn):
+        """The same step on the GPU with ~10 launches a layer instead of ~60: RMSNorm, rotary + K/V
+        append and SiLU * up are one kernel each (santa_cupy.decoder_ops), and the residual adds
+        happen inside the weight products (accumulate_into)."""
+        from santa_cupy import decoder_ops as ops
+        B, H, KVH, D = tokens.shape[0], self.H, self.KVH, self.D
+        mm, eps = self.mm_dtype, self.cfg.rms_norm_eps
+        pos = cache.lengths                                   # [B] int32: the new token's row
+        lens = pos + 1
+        x = self.w["embed"][tokens].astype(np.float32)       # [B, d] f32 residual stream
+        for li, lw in enumerate(self.w["layers"]):
+            qkv = self._linear(ops.rms_norm(x, lw["attn_norm"], eps, mm), lw["wqkv"])   # [B, (H+2KVH)D]
+            q = ops.rope_append(qkv, self.cos, self.sin, pos, cache.k[li], cache.v[li], H, KVH, self.kv_dtype)
+            o = attn(li, q, cache.k[li], cache.v[li], lens).reshape(B, H * D)           # KV dtype
+            o = o if self.kv_dtype == mm.name else self._from_kv(o, mm)
+            self._linear(o, lw["wo"], accumulate_into=x)
+            gu = self._linear(ops.rms_norm(x, lw["mlp_norm"], eps, mm), lw["w_gu"])     # [B, 2I]
+            self._linear(ops.silu_mul(gu, mm), lw["w_down"], accumulate_into=x)
+        return self._linear(ops.rms_norm(x, self.w["norm"], eps, mm), self.w["lm_head"], out_dtype=np.float32)
+
 
 class _CublasGemm:
-    """Row-major out = x @ w.T through cuBLAS called with ctypes on a private handle bound to one
-    stream, with a user workspace (no allocation inside cuBLAS), so it can run in stream capture.
-    x [N, K] and w [M, K] C-contiguous, same dtype (float16 or float32); fp32 accumulation."""
+    """Row-major out = x @ w.T through cuBLAS called with ctypes on a private handle that follows
+    CuPy's current stream, with a user workspace (no allocation inside cuBLAS), so it can run in
+    stream capture.
+    x [N, K] and w [M, K] C-contiguous, same dtype (float16 or float32); fp32 accumulation; the
+    output float32 or w's dtype."""
 
     _CUDA_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 2}   # CUDA_R_32F, CUDA_R_16F
     _COMPUTE_32F, _OP_N, _OP_T, _ALGO_DEFAULT = 68, 0, 1, -1
     WORKSPACE = 32 << 20
 
-    def __init__(self, stream):
+    def __init__(self):
         import ctypes
         import cupy
         self._ct, self._cp = ctypes, cupy
         self.lib = ctypes.CDLL(self._find_lib())
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
-        self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream.ptr)), "cublasSetStream")
+        self._stream = None
         self.workspace = cupy.empty((self.WORKSPACE,), cupy.uint8)
         self._check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
                                                    ctypes.c_size_t(self.WORKSPACE)), "cublasSetWorkspace")
@@ -435,20 +471,32 @@ class _CublasGemm:
         if status != 0:
             raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
-    def __call__(self, x, w):
+    def __call__(self, x, w, accumulate_into=None, out_dtype=None):
+        """out [N, M] = x [N, K] @ w [M, K].T of w's dtype or out_dtype (float32, or w's dtype), or
+        accumulate_into (float32 [N, M]) += that product (beta = 1)."""
         cp, ct = self._cp, self._ct
+        stream = cp.cuda.get_current_stream().ptr
+        if stream != self._stream:
+            self._check(self.lib.cublasSetStream_v2(self.handle, ct.c_void_p(stream)), "cublasSetStream")
+            self._stream = stream
         N, K = x.shape
         M = w.shape[0]
         if x.dtype != w.dtype or not (x.flags.c_contiguous and w.flags.c_contiguous):
             x = cp.ascontiguousarray(x, dtype=w.dtype)
-        out = cp.empty((N, M), w.dtype)
-        t = self._CUDA_TYPE[np.dtype(w.dtype)]
+        if accumulate_into is not None:
+            out, beta = accumulate_into, self.one
+            if out.dtype != cp.float32 or out.shape != (N, M) or not out.flags.c_contiguous:
+                raise ValueError(f"accumulate_into must be a C-contiguous float32 [{N}, {M}] array, "
+                                 f"got {out.dtype} {out.shape}")
+        else:
+            out, beta = cp.empty((N, M), w.dtype if out_dtype is None else out_dtype), self.zero
+        t, t_out = self._CUDA_TYPE[np.dtype(w.dtype)], self._CUDA_TYPE[np.dtype(out.dtype)]
         # column-major view: out^T [M, N] = op_T(w as [K, M]) @ x^T [K, N]
         st = self.lib.cublasGemmEx(
             self.handle, self._OP_T, self._OP_N, ct.c_int(M), ct.c_int(N), ct.c_int(K),
             ct.byref(self.one), ct.c_void_p(w.data.ptr), t, ct.c_int(K),
-            ct.c_void_p(x.data.ptr), t, ct.c_int(K), ct.byref(self.zero),
-            ct.c_void_p(out.data.ptr), t, ct.c_int(M), self._COMPUTE_32F, self._ALGO_DEFAULT)
+            ct.c_void_p(x.data.ptr), t, ct.c_int(K), ct.byref(beta),
+            ct.c_void_p(out.data.ptr), t_out, ct.c_int(M), self._COMPUTE_32F, self._ALGO_DEFAULT)
         self._check(st, "cublasGemmEx")
         return out
 
@@ -466,18 +514,38 @@ class _CublasGemm:
             pass
 
 
+class _GemvFirst:
+    """Weight products of <= 4 tokens with float16 weights through santa_cupy's gemv.cu (float32
+    out, accumulate_into added in the same launch); everything else through cuBLAS."""
+
+    def __init__(self, cublas: _CublasGemm):
+        from santa_cupy import decoder_ops
+        self.cublas, self.ops = cublas, decoder_ops
+
+    def __call__(self, x, w, accumulate_into=None, out_dtype=None):
+        if (x.shape[0] <= self.ops.GEMV_TOKENS[-1] and w.dtype == np.float16 and x.dtype == w.dtype
+                and w.shape[1] % 8 == 0 and x.flags.c_contiguous and x.data.ptr % 16 == 0):
+            return self.ops.gemv(x, w, out=accumulate_into, accumulate=accumulate_into is not None)
+        return self.cublas(x, w, accumulate_into=accumulate_into, out_dtype=out_dtype)
+
+    def close(self):
+        self.cublas.close()
+
+
 class GraphDecoder:
     """One GPU decode step captured as a CUDA graph (cupy.cuda.Graph).
 
         gd = GraphDecoder(model, cache, attention)    # after model.prefill(...)
         logits = gd.replay(tokens)                    # [B, V] f32, a static buffer (overwritten)
 
+    gemv=True: the weight products of <= 4 tokens go through santa_cupy's gemv.cu instead of cuBLAS.
     Static buffers: the token input and the logits output. Positions/lengths (cache.lengths) and,
     through santa_cupy.DecodePlan, the SANTA step counter advance on device inside the graph.
     Temporaries come from a private memory pool kept alive with the graph, so no other allocation
     can reuse addresses the graph writes to."""
 
-    def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionConfig = AttentionConfig()):
+    def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionConfig = AttentionConfig(),
+                 gemv: bool = False):
         if model.xp is np:
             raise RuntimeError("GraphDecoder needs a model loaded with device='gpu'")
         if cache.length < 1:
@@ -500,7 +568,9 @@ class GraphDecoder:
         else:
             raise RuntimeError("GraphDecoder with method='santa' needs santa_cupy.DecodePlan "
                                "(a device step counter); use model.decode() instead")
-        self.gemm = _CublasGemm(self.stream)       # CuPy refuses its own cuBLAS calls in capture
+        self.gemm = _CublasGemm()                  # CuPy refuses its own cuBLAS calls in capture
+        if gemv:                                   # <= 4 tokens: gemv.cu instead of cuBLAS
+            self.gemm = _GemvFirst(self.gemm)
         model._gemm = self.gemm
         try:
             with cupy.cuda.using_allocator(self.pool.malloc), self.stream:

@@ -278,59 +278,6 @@ def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int, method
     return KernelSet(**{key: module.get_function(name) for key, name in names.items()})
 
 
-# ---- the decoder's weight products (gemv.cu; llama_min uses them, opt-in) -----------------------
-GEMV_SOURCE_FILES = ("common.cuh", "gemv.cu")
-GEMV_DTYPES = ("float16", "bfloat16")
-GEMV_TOKENS = (1, 2, 4)         # instances by NB: n tokens take the smallest NB >= n
-GEMV_ROWS_PER_BLOCK = (THREADS // 32) * 2   # 4 warps x SC_GEMV_ROWS
-
-
-def gemv_names(dtype_name: str) -> dict[int, str]:
-    return {nb: f"gemv_rows<{STORAGE_TYPE[dtype_name]}, {nb}>" for nb in GEMV_TOKENS}
-
-
-def gemv_source(dtype_name: str) -> tuple[str, list[str]]:
-    names = list(gemv_names(dtype_name).values())
-    return build_source(GEMV_SOURCE_FILES) + "\n// instances: " + "; ".join(names) + "\n", names
-
-
-@functools.lru_cache(maxsize=None)
-def _gemv_kernel(dtype_name: str, nb: int):
-    """The NB-token instance (the module compiled once per dtype; no lookups per decode step)."""
-    return _gemv_module(dtype_name).get_function(gemv_names(dtype_name)[nb])
-
-
-@functools.lru_cache(maxsize=None)
-def _gemv_module(dtype_name: str):
-    import cupy
-
-    source, names = gemv_source(dtype_name)
-    return cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=names)
-
-
-def gemv(x, w, out=None):
-    """y [n, N] float32 = x [n, K] @ w [N, K].T for 16-bit x, w (CuPy, C-contiguous and 16-byte
-    aligned, one dtype: float16, or bfloat16 as uint16 bits), n <= max(GEMV_TOKENS), K % 8 == 0.
-    No host sync."""
-    import cupy
-
-    dtype_name = "float16" if w.dtype == cupy.float16 else "bfloat16"
-    n, K = x.shape
-    N = w.shape[0]
-    if x.dtype != w.dtype or w.dtype.itemsize != 2 or w.shape[1] != K or K % 8 or not 1 <= n <= GEMV_TOKENS[-1] \
-            or not (x.flags.c_contiguous and w.flags.c_contiguous) or x.data.ptr % 16 or w.data.ptr % 16:
-        raise ValueError(f"gemv needs C-contiguous, 16-byte aligned 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and "
-                         f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
-    nb = next(b for b in GEMV_TOKENS if b >= n)
-    if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != cupy.float32 or out.shape != (n, N)
-                            or not out.flags.c_contiguous):
-        raise ValueError(f"gemv needs out as a C-contiguous float32 cupy array of shape {(n, N)}, got "
-                         f"{type(out).__name__} {getattr(out, 'dtype', '?')} {getattr(out, 'shape', '?')}")
-    y = cupy.empty((n, N), cupy.float32) if out is None else out
-    launch(_gemv_kernel(dtype_name, nb), (-(-N // GEMV_ROWS_PER_BLOCK),), (w, x, y, i32(N), i32(K), i32(n)))
-    return y
-
-
 def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
     """Launch on the current stream with enough dynamic shared memory (raising the limit if needed)."""
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:

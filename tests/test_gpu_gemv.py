@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from santa_cupy import kernels, reference, spec
+from santa_cupy import decoder_ops, reference, spec
 from tests.gpu_util import rel_l2, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -17,7 +17,7 @@ def _operands(rng, n, N, K, dtype):
     return x16, w16, reference.weight_product(x16, w16)
 
 
-@pytest.mark.parametrize("dtype", kernels.GEMV_DTYPES)
+@pytest.mark.parametrize("dtype", decoder_ops.GEMV_DTYPES)
 @pytest.mark.parametrize("n,N,K", [(1, 1, 8), (1, 7, 24), (2, 9, 264), (3, 8, 4096), (4, 33, 1000),
                                    (1, 4099, 4096), (4, 17, 14336)])
 def test_gemv_matches_reference(dtype, n, N, K):
@@ -25,7 +25,7 @@ def test_gemv_matches_reference(dtype, n, N, K):
     and not a multiple of the warp's chunk stride, 1 to 4 tokens (3 runs the 4-token instance)."""
     import cupy
     x, w, ref = _operands(np.random.default_rng(n * N + K), n, N, K, dtype)
-    y = kernels.gemv(cupy.asarray(x), cupy.asarray(w))
+    y = decoder_ops.gemv(cupy.asarray(x), cupy.asarray(w))
     assert y.dtype == cupy.float32 and y.shape == (n, N)
     assert rel_l2(y.get(), ref) < 1e-5            # f32 sums of exact 16-bit products
 
@@ -35,12 +35,12 @@ def test_gemv_in_a_graph_and_into_out():
     x, w, ref = _operands(np.random.default_rng(1), 2, 100, 512, "float16")
     xg, wg = cupy.asarray(x), cupy.asarray(w)
     out = cupy.full((2, 100), cupy.nan, cupy.float32)
-    kernels.gemv(xg, wg, out=out)                # compile outside the capture
+    decoder_ops.gemv(xg, wg, out=out)                # compile outside the capture
     out.fill(cupy.nan)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        kernels.gemv(xg, wg, out=out)
+        decoder_ops.gemv(xg, wg, out=out)
         graph = stream.end_capture()
     graph.launch(stream)
     stream.synchronize()
@@ -57,8 +57,8 @@ def test_gemv_rejects_what_it_cannot_do():
                          (x, cupy.zeros((4, 8), cupy.float16)), (x, cupy.zeros((16, 4), cupy.float16).T),
                          (cupy.zeros((1, 20), cupy.float16)[:, 4:], w)]:                           # unaligned
         with pytest.raises(ValueError, match="gemv needs"):
-            kernels.gemv(bad_x, bad_w)
+            decoder_ops.gemv(bad_x, bad_w)
     for bad_out in (cupy.zeros((1, 4), cupy.float16), cupy.zeros((4, 1), cupy.float32),
                     cupy.zeros((1, 8), cupy.float32)[:, ::2]):
         with pytest.raises(ValueError, match="gemv needs out"):
-            kernels.gemv(x, w, out=bad_out)
+            decoder_ops.gemv(x, w, out=bad_out)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from santa_cupy import kernels  # noqa: E402
+from santa_cupy import decoder_ops, kernels  # noqa: E402
 
 
 def find_nvrtc() -> str:
@@ -101,13 +101,13 @@ def main() -> int:
         configs = [(c.split(",")[0], int(c.split(",")[1]), int(c.split(",")[2])) for c in args.config]
     nvrtc = Nvrtc(find_nvrtc())
     jobs = [((*cfg, role), arch) for cfg in configs for role in kernels.roles() for arch in args.arch]
-    if not args.config:                 # the decoder's weight products (one module per dtype)
-        jobs += [((dtype, 0, 0, "gemv"), arch) for dtype in kernels.GEMV_DTYPES for arch in args.arch]
+    if not args.config:                 # the decoder's own kernels (one module: gemv.cu + decoder.cu)
+        jobs += [(("-", 0, 0, "decoder"), arch) for arch in args.arch]
 
     def run(job):
         (dtype, d, g, role), arch = job
-        if role == "gemv":
-            source, names = kernels.gemv_source(dtype)
+        if role == "decoder":
+            source, names = decoder_ops.source()
         else:
             source, names = kernels.source_for(dtype, d, g, role)
         opts = list(kernels.NVRTC_OPTIONS) + [f"--gpu-architecture=sm_{arch}", "--ptxas-options=-v"]

@@ -40,5 +40,17 @@ for budget in spec.BUDGETS:
                    budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                    budget=budget, block_n=64, tile_kernel="block").run(q, k, v, lengths)
+# the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
+from santa_cupy import decoder_ops  # noqa: E402
+x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))
+w16 = cupy.asarray(rng.standard_normal((37, 264)).astype(np.float16))
+y = decoder_ops.gemv(x16, w16)
+decoder_ops.gemv(x16, w16, out=y, accumulate=True)
+xr = cupy.asarray(rng.standard_normal((B, 257)).astype(np.float32))
+decoder_ops.rms_norm(xr, cupy.ones(257, cupy.float32), 1e-6, cupy.float16)
+decoder_ops.silu_mul(cupy.asarray(rng.standard_normal((B, 2 * 99)).astype(np.float16)), cupy.float16)
+table = cupy.asarray(rng.standard_normal((L, D // 2)).astype(np.float32))
+qkv = cupy.asarray(rng.standard_normal((B, (H + 2 * KVH) * D)).astype(np.float32))
+decoder_ops.rope_append(qkv, table, table, cupy.asarray(np.array([0, L - 1, 5], np.int32)), k, v, H, KVH, "bfloat16")
 cupy.cuda.Device().synchronize()
 print("sanitizer case done")

@@ -1,0 +1,167 @@
+"""The decoder's own kernels (cuda/gemv.cu, cuda/decoder.cu), for llama_min's GPU decode step and
+``bench e2e``: weight products for a few tokens, and the small steps between them (RMSNorm,
+rotary + K/V append, SiLU * up) as one launch each.
+
+One module holds every instance (``instance_names``); CI compiles it for every architecture
+(tools/compile_kernels.py). All functions take CuPy arrays, launch on the current stream and never
+synchronise with the host, so a decode step built from them can be captured as a CUDA graph.
+bfloat16 travels as uint16 bits (the ``kv_dtype`` argument says so). CPU references:
+santa_cupy/reference.py (weight_product, rms_norm, rope_append, silu_mul).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
+
+SOURCE_FILES = ("common.cuh", "gemv.cu", "decoder.cu")
+THREADS = 256                    # SC_DECODER_THREADS (decoder.cu)
+GEMV_THREADS = 128               # SC_NTHREADS (gemv.cu)
+GEMV_DTYPES = ("float16", "bfloat16")
+GEMV_TOKENS = (1, 2, 4)          # gemv instances by NB: n tokens take the smallest NB >= n
+GEMV_ROWS_PER_BLOCK = (GEMV_THREADS // 32) * 2   # 4 warps x SC_GEMV_ROWS
+PRODUCT_DTYPES = ("float32", "float16")          # a weight product's output (matmul dtype, or f32)
+KV_DTYPES = tuple(STORAGE_TYPE)                  # float32, float16, bfloat16
+SILU_BLOCKS = 264                # silu_mul's grid: 2 blocks per H200 SM, grid-stride beyond
+
+
+@functools.lru_cache(maxsize=None)
+def instance_names() -> dict[tuple, str]:
+    """Every template instance of the module, by key: ("gemv", dtype, nb), ("rms_norm", out),
+    ("rope_append", product, kv), ("silu_mul", product, out)."""
+    t = STORAGE_TYPE
+    names = {("gemv", d, nb): f"gemv_rows<{t[d]}, {nb}>" for d in GEMV_DTYPES for nb in GEMV_TOKENS}
+    names |= {("rms_norm", o): f"rms_norm<{t[o]}>" for o in PRODUCT_DTYPES}
+    names |= {("rope_append", p, kv): f"rope_append<{t[p]}, {t[kv]}>" for p in PRODUCT_DTYPES for kv in KV_DTYPES}
+    names |= {("silu_mul", p, o): f"silu_mul<{t[p]}, {t[o]}>" for p in PRODUCT_DTYPES for o in PRODUCT_DTYPES}
+    return names
+
+
+def source() -> tuple[str, list[str]]:
+    """(source text, name expressions): what NVRTC compiles, here and in CI."""
+    names = list(instance_names().values())
+    return build_source(SOURCE_FILES) + "\n// instances: " + "; ".join(names) + "\n", names
+
+
+@functools.lru_cache(maxsize=None)
+def _module():
+    import cupy
+
+    text, names = source()
+    return cupy.RawModule(code=text, options=NVRTC_OPTIONS, name_expressions=names)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(key: tuple):
+    """One instance (cached: no module lookups per decode step)."""
+    return _module().get_function(instance_names()[key])
+
+
+def _dtype_name(a, kv_dtype: str | None = None) -> str:
+    if a.dtype == np.uint16 and kv_dtype == "bfloat16":
+        return "bfloat16"
+    name = np.dtype(a.dtype).name
+    if name not in STORAGE_TYPE or (kv_dtype is not None and name != kv_dtype):
+        raise ValueError(f"array of dtype {a.dtype} where {kv_dtype or 'float32/float16'} was expected")
+    return name
+
+
+def _check_out(out, shape, dtype, what):
+    import cupy
+
+    if out is None:
+        return cupy.empty(shape, dtype)
+    if not isinstance(out, cupy.ndarray) or out.dtype != dtype or out.shape != tuple(shape) or not out.flags.c_contiguous:
+        raise ValueError(f"{what} needs out as a C-contiguous {np.dtype(dtype).name} cupy array of shape "
+                         f"{tuple(shape)}, got {type(out).__name__} {getattr(out, 'dtype', '?')} "
+                         f"{getattr(out, 'shape', '?')}")
+    return out
+
+
+def gemv(x, w, out=None, accumulate=False):
+    """y [n, N] float32 = x [n, K] @ w [N, K].T (or out += that, accumulate=True) for 16-bit x, w
+    (C-contiguous and 16-byte aligned, one dtype: float16, or bfloat16 as uint16 bits),
+    n <= max(GEMV_TOKENS), K % 8 == 0."""
+    import cupy
+
+    dtype_name = "float16" if w.dtype == cupy.float16 else "bfloat16"
+    n, K = x.shape
+    N = w.shape[0]
+    if x.dtype != w.dtype or w.dtype.itemsize != 2 or w.shape[1] != K or K % 8 or not 1 <= n <= GEMV_TOKENS[-1] \
+            or not (x.flags.c_contiguous and w.flags.c_contiguous) or x.data.ptr % 16 or w.data.ptr % 16:
+        raise ValueError(f"gemv needs C-contiguous, 16-byte aligned 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and "
+                         f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
+    if accumulate and out is None:
+        raise ValueError("gemv: accumulate=True needs out (the array to add to)")
+    nb = next(b for b in GEMV_TOKENS if b >= n)
+    y = _check_out(out, (n, N), cupy.float32, "gemv")
+    launch(_kernel(("gemv", dtype_name, nb)), (-(-N // GEMV_ROWS_PER_BLOCK),),
+           (w, x, y, np.int32(N), np.int32(K), np.int32(n), np.int32(bool(accumulate))), threads=GEMV_THREADS)
+    return y
+
+
+def rms_norm(x, w, eps: float, out_dtype, out=None):
+    """x [N, d] float32, w [d] float32 -> x / sqrt(mean(x^2) + eps) * w as [N, d] out_dtype
+    (float32 or float16)."""
+    import cupy
+
+    N, d = x.shape
+    if x.dtype != cupy.float32 or w.dtype != cupy.float32 or w.shape != (d,) or not (
+            x.flags.c_contiguous and w.flags.c_contiguous):
+        raise ValueError(f"rms_norm needs C-contiguous float32 x [N, d] and w [d], got x {x.dtype} {x.shape}, "
+                         f"w {w.dtype} {w.shape}")
+    o = np.dtype(out_dtype).name
+    if o not in PRODUCT_DTYPES:
+        raise ValueError(f"rms_norm: out_dtype must be one of {PRODUCT_DTYPES}, got {o}")
+    y = _check_out(out, (N, d), o, "rms_norm")
+    launch(_kernel(("rms_norm", o)), (N,), (x, w, y, np.int32(d), np.float32(eps)), threads=THREADS)
+    return y
+
+
+def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None):
+    """The decode step's rotary + K/V append for one token per sequence.
+
+    qkv [N, (heads + 2 kv_heads) D] (float32 or float16: q, k, v heads in that order),
+    cos, sin [P, D/2] float32, pos [N] int32 (each token's position = its cache row, < L_max),
+    k_cache, v_cache [N, L_max, kv_heads, D] of kv_dtype -> q [N, heads, D] of kv_dtype (rotated);
+    the rotated k and the v are written into row pos[n] of the caches."""
+    import cupy
+
+    N = qkv.shape[0]
+    L_max, D = k_cache.shape[1], k_cache.shape[-1]
+    P = cos.shape[0]
+    p = np.dtype(qkv.dtype).name
+    kv = _dtype_name(k_cache, kv_dtype)
+    ok = (p in PRODUCT_DTYPES and qkv.ndim == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * D and D % 2 == 0
+          and k_cache.shape == (N, L_max, kv_heads, D) and v_cache.shape == k_cache.shape
+          and v_cache.dtype == k_cache.dtype and cos.shape == (P, D // 2) and sin.shape == cos.shape
+          and cos.dtype == cupy.float32 and sin.dtype == cupy.float32 and pos.shape == (N,)
+          and pos.dtype == cupy.int32 and all(a.flags.c_contiguous for a in (qkv, cos, sin, pos, k_cache, v_cache)))
+    if not ok:
+        raise ValueError(f"rope_append needs C-contiguous qkv [N, (H + 2 KVH) D] (float32/float16), caches "
+                         f"[N, L_max, KVH, D] of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
+                         f"{qkv.dtype} {qkv.shape}, k {k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos "
+                         f"{cos.dtype} {cos.shape}, pos {pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
+    q = _check_out(q_out, (N, heads, D), k_cache.dtype, "rope_append")
+    launch(_kernel(("rope_append", p, kv)), (N,),
+           (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
+            np.int64(L_max)), threads=THREADS)
+    return q
+
+
+def silu_mul(gu, out_dtype, out=None):
+    """gu [N, 2 I] (float32 or float16: gate, then up) -> silu(gate) * up as [N, I] out_dtype."""
+    p, o = np.dtype(gu.dtype).name, np.dtype(out_dtype).name
+    if p not in PRODUCT_DTYPES or o not in PRODUCT_DTYPES or gu.ndim != 2 or gu.shape[1] % 2 \
+            or not gu.flags.c_contiguous:
+        raise ValueError(f"silu_mul needs C-contiguous gu [N, 2 I] (float32/float16) and out_dtype in "
+                         f"{PRODUCT_DTYPES}, got gu {gu.dtype} {gu.shape}, out_dtype {o}")
+    N, I = gu.shape[0], gu.shape[1] // 2
+    a = _check_out(out, (N, I), o, "silu_mul")
+    total = N * I
+    blocks = max(1, min(SILU_BLOCKS, -(-total // THREADS)))
+    launch(_kernel(("silu_mul", p, o)), (blocks,), (gu, a, np.int32(I), np.int64(total)), threads=THREADS)
+    return a
