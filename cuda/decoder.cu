@@ -13,25 +13,29 @@
 #include "common.cuh"
 
 #define SC_DECODER_THREADS 256
+#define SC_RMS_THREADS 1024
 
 // out [N, d] (To) = x * (1 / sqrt(mean(x * x) + eps)) * w, x [N, d] f32, w [d] f32.
-// grid (N), block SC_DECODER_THREADS: one block per row.
+// grid (N), block SC_RMS_THREADS: one block per row, wide enough that a 4096-wide row is four
+// independent loads a thread (the step's latency, not its bytes, is what costs here).
 template <typename To>
-__global__ void __launch_bounds__(SC_DECODER_THREADS)
+__global__ void __launch_bounds__(SC_RMS_THREADS)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restrict__ out, int d, float eps) {
-    __shared__ float warp_sums[SC_DECODER_THREADS / 32];
+    __shared__ float warp_sums[SC_RMS_THREADS / 32];
     const float* row = x + (i64)blockIdx.x * d;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += SC_DECODER_THREADS) ss = fmaf(row[i], row[i], ss);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < d; i += SC_RMS_THREADS) ss = fmaf(row[i], row[i], ss);
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
     __syncthreads();
     float total = 0.f;
 #pragma unroll
-    for (int i = 0; i < SC_DECODER_THREADS / 32; ++i) total += warp_sums[i];
+    for (int i = 0; i < SC_RMS_THREADS / 32; ++i) total += warp_sums[i];
     const float inv = 1.0f / sqrtf(total / (float)d + eps);
     To* dst = out + (i64)blockIdx.x * d;
-    for (int i = threadIdx.x; i < d; i += SC_DECODER_THREADS) dst[i] = from_float<To>(__fmul_rn(__fmul_rn(row[i], inv), w[i]));
+#pragma unroll 4
+    for (int i = threadIdx.x; i < d; i += SC_RMS_THREADS) dst[i] = from_float<To>(__fmul_rn(__fmul_rn(row[i], inv), w[i]));
 }
 
 // Rotary embedding of q and k, and the K/V append, for one token per sequence n < N:
@@ -41,7 +45,8 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restric
 //   v_cache row pos[n] = v.
 // Rotation (HF rotate_half): for i < D/2, (a, b) = (x_i, x_{i + D/2}) with c, s = cos/sin[pos, i]:
 //   x_i <- a c - b s,  x_{i + D/2} <- b c + a s.
-// grid (N), block SC_DECODER_THREADS striding over the (H + 2 KVH) D/2 pairs.
+// grid (N, ceil((H + 2 KVH) D/2 / SC_DECODER_THREADS)), block SC_DECODER_THREADS: one pair a
+// thread (a grid-stride loop beyond), so the step is one round of loads, not one per 256 pairs.
 template <typename Tp, typename Tkv>
 __global__ void __launch_bounds__(SC_DECODER_THREADS)
 rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
@@ -50,7 +55,7 @@ rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const f
     const int n = blockIdx.x, half = D / 2, heads = H + 2 * KVH;
     const i64 p = pos[n];
     const Tp* row = qkv + (i64)n * heads * D;
-    for (int j = threadIdx.x; j < heads * half; j += SC_DECODER_THREADS) {
+    for (int j = blockIdx.y * SC_DECODER_THREADS + threadIdx.x; j < heads * half; j += gridDim.y * SC_DECODER_THREADS) {
         const int h = j / half, i = j - h * half;
         const float a = to_float(row[h * D + i]), b = to_float(row[h * D + i + half]);
         if (h >= H + KVH) {                                   // v: copied

@@ -2,10 +2,19 @@
 //
 // Decoding one token per sequence multiplies every weight matrix w [N, K] (16-bit, row-major, as
 // stored) by n_tok <= NB activation rows x [n_tok, K]: a matrix-vector product that reads each
-// weight once and is bound by that read. cuBLAS's GEMM with 1-4 columns measured ~2 TB/s on the
-// H200 (BENCHMARKS.md); this kernel is written to stream w at the bandwidth limit.
+// weight once and is bound by that read. cuBLAS's GEMM with 1-4 columns measured 2.7-4.1 TB/s on
+// the H200 by shape (BENCHMARKS.md, sixth session); these kernels are written to stream w at the
+// bandwidth limit. Two versions:
 //
-// grid (ceil(N / (4 * kRows))), block 128: warp w of block b computes rows n0 .. n0 + kRows - 1,
+// v2 gemv_split (the default): grid (ceil(N / kRows)), block 128: block b computes rows
+// n0 = b kRows .. n0 + kRows - 1 for every token, its 128 threads splitting the K chunks between
+// them (thread i walks c = i, i + 128, ...), kU chunks of each row in flight per thread; reduced
+// over each warp by shuffles, then over the 4 warps through shared memory. A 4096-wide row is one
+// round of loads for the whole block, and N = 4096 rows make 2048 blocks: enough bytes in flight
+// on every SM even for the layer's smallest matrices (v1 gave one warp two whole rows: 15 warps
+// an SM and 14 dependent rounds at K = 14336, 2.7 TB/s).
+//
+// v1 gemv_rows: grid (ceil(N / (4 * kRows))), block 128: warp w of block b computes rows n0 .. n0 + kRows - 1,
 // n0 = (4 b + w) kRows, for every token. Lane l walks the 16-byte chunks c = l, l + 32, ... of
 // those rows, kU chunks of each row in flight (w read once, streaming: __ldcs); x's chunks come
 // through L1 (every warp reads the same x). f32 accumulators, reduced over the warp by shuffles;
@@ -14,8 +23,8 @@
 // CPU reference: santa_cupy/reference.py weight_product (tests/test_gpu_gemv.py).
 #include "common.cuh"
 
-#define SC_GEMV_ROWS 2           // rows per warp
-#define SC_GEMV_U 4              // chunks of each row in flight per lane
+#define SC_GEMV_ROWS 2           // rows per warp (v1) / per block (v2)
+#define SC_GEMV_U 4              // chunks of each row in flight per thread
 
 template <typename T, int NB>
 __global__ void __launch_bounds__(SC_NTHREADS)
@@ -74,4 +83,71 @@ gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ 
                 *dst = accumulate ? *dst + v : v;
             }
         }
+}
+
+template <typename T, int NB>
+__global__ void __launch_bounds__(SC_NTHREADS)
+gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ y, int N, int K, int n_tok,
+           int accumulate) {
+    static_assert(sizeof(T) == 2, "gemv: 16-bit weights");
+    constexpr int R = SC_GEMV_ROWS, U = SC_GEMV_U, kWarps = SC_NTHREADS / 32;
+    __shared__ float partial[kWarps][R][NB];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = blockIdx.x * R;
+    const int chunks = K / 8;
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NB; ++t) acc[r][t] = 0.f;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += SC_NTHREADS * U) {
+        Chunk<T> wc[R][U];                                    // every weight load first
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = c0 + SC_NTHREADS * u;
+                wc[r][u].w[0] = c < chunks && n0 + r < N
+                                    ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + SC_NTHREADS * u;
+            if (c >= chunks) break;
+            float wf[R][8];
+#pragma unroll
+            for (int r = 0; r < R; ++r) wc[r][u].to_floats(wf[r]);
+#pragma unroll
+            for (int t = 0; t < NB; ++t) {
+                if (t >= n_tok) break;
+                Chunk<T> xc;
+                xc.w[0] = __ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c);
+                float xf[8];
+                xc.to_floats(xf);
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NB; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0) partial[warp][r][t] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < R * NB) {
+        const int r = threadIdx.x / NB, t = threadIdx.x - r * NB;
+        if (t < n_tok && n0 + r < N) {
+            float v = 0.f;
+#pragma unroll
+            for (int i = 0; i < kWarps; ++i) v += partial[i][r][t];
+            float* dst = y + (i64)t * N + n0 + r;
+            *dst = accumulate ? *dst + v : v;
+        }
+    }
 }

@@ -19,10 +19,13 @@ from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
 
 SOURCE_FILES = ("common.cuh", "gemv.cu", "decoder.cu")
 THREADS = 256                    # SC_DECODER_THREADS (decoder.cu)
+RMS_THREADS = 1024               # SC_RMS_THREADS
 GEMV_THREADS = 128               # SC_NTHREADS (gemv.cu)
 GEMV_DTYPES = ("float16", "bfloat16")
 GEMV_TOKENS = (1, 2, 4)          # gemv instances by NB: n tokens take the smallest NB >= n
-GEMV_ROWS_PER_BLOCK = (GEMV_THREADS // 32) * 2   # 4 warps x SC_GEMV_ROWS
+GEMV_ROWS = 2                    # SC_GEMV_ROWS: rows per warp (v1 "rows") / per block (v2 "split")
+GEMV_KERNELS = {"split": "gemv_split", "rows": "gemv_rows"}     # v2 (default), v1
+GEMV_ROWS_PER_BLOCK = {"split": GEMV_ROWS, "rows": (GEMV_THREADS // 32) * GEMV_ROWS}
 PRODUCT_DTYPES = ("float32", "float16")          # a weight product's output (matmul dtype, or f32)
 KV_DTYPES = tuple(STORAGE_TYPE)                  # float32, float16, bfloat16
 SILU_BLOCKS = 264                # silu_mul's grid: 2 blocks per H200 SM, grid-stride beyond
@@ -30,10 +33,11 @@ SILU_BLOCKS = 264                # silu_mul's grid: 2 blocks per H200 SM, grid-s
 
 @functools.lru_cache(maxsize=None)
 def instance_names() -> dict[tuple, str]:
-    """Every template instance of the module, by key: ("gemv", dtype, nb), ("rms_norm", out),
+    """Every template instance of the module, by key: (gemv kernel, dtype, nb), ("rms_norm", out),
     ("rope_append", product, kv), ("silu_mul", product, out)."""
     t = STORAGE_TYPE
-    names = {("gemv", d, nb): f"gemv_rows<{t[d]}, {nb}>" for d in GEMV_DTYPES for nb in GEMV_TOKENS}
+    names = {(k, d, nb): f"{fn}<{t[d]}, {nb}>" for k, fn in GEMV_KERNELS.items() for d in GEMV_DTYPES
+             for nb in GEMV_TOKENS}
     names |= {("rms_norm", o): f"rms_norm<{t[o]}>" for o in PRODUCT_DTYPES}
     names |= {("rope_append", p, kv): f"rope_append<{t[p]}, {t[kv]}>" for p in PRODUCT_DTYPES for kv in KV_DTYPES}
     names |= {("silu_mul", p, o): f"silu_mul<{t[p]}, {t[o]}>" for p in PRODUCT_DTYPES for o in PRODUCT_DTYPES}
@@ -81,10 +85,10 @@ def _check_out(out, shape, dtype, what):
     return out
 
 
-def gemv(x, w, out=None, accumulate=False):
+def gemv(x, w, out=None, accumulate=False, kernel="split"):
     """y [n, N] float32 = x [n, K] @ w [N, K].T (or out += that, accumulate=True) for 16-bit x, w
     (C-contiguous and 16-byte aligned, one dtype: float16, or bfloat16 as uint16 bits),
-    n <= max(GEMV_TOKENS), K % 8 == 0."""
+    n <= max(GEMV_TOKENS), K % 8 == 0. kernel: a key of GEMV_KERNELS (v2 "split", v1 "rows")."""
     import cupy
 
     dtype_name = "float16" if w.dtype == cupy.float16 else "bfloat16"
@@ -96,9 +100,11 @@ def gemv(x, w, out=None, accumulate=False):
                          f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
     if accumulate and out is None:
         raise ValueError("gemv: accumulate=True needs out (the array to add to)")
+    if kernel not in GEMV_KERNELS:
+        raise ValueError(f"gemv: kernel must be one of {tuple(GEMV_KERNELS)}, got {kernel!r}")
     nb = next(b for b in GEMV_TOKENS if b >= n)
     y = _check_out(out, (n, N), cupy.float32, "gemv")
-    launch(_kernel(("gemv", dtype_name, nb)), (-(-N // GEMV_ROWS_PER_BLOCK),),
+    launch(_kernel((kernel, dtype_name, nb)), (-(-N // GEMV_ROWS_PER_BLOCK[kernel]),),
            (w, x, y, np.int32(N), np.int32(K), np.int32(n), np.int32(bool(accumulate))), threads=GEMV_THREADS)
     return y
 
@@ -117,7 +123,7 @@ def rms_norm(x, w, eps: float, out_dtype, out=None):
     if o not in PRODUCT_DTYPES:
         raise ValueError(f"rms_norm: out_dtype must be one of {PRODUCT_DTYPES}, got {o}")
     y = _check_out(out, (N, d), o, "rms_norm")
-    launch(_kernel(("rms_norm", o)), (N,), (x, w, y, np.int32(d), np.float32(eps)), threads=THREADS)
+    launch(_kernel(("rms_norm", o)), (N,), (x, w, y, np.int32(d), np.float32(eps)), threads=RMS_THREADS)
     return y
 
 
@@ -146,7 +152,8 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
                          f"{qkv.dtype} {qkv.shape}, k {k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos "
                          f"{cos.dtype} {cos.shape}, pos {pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
     q = _check_out(q_out, (N, heads, D), k_cache.dtype, "rope_append")
-    launch(_kernel(("rope_append", p, kv)), (N,),
+    pairs = (heads + 2 * kv_heads) * D // 2
+    launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)),
            (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
             np.int64(L_max)), threads=THREADS)
     return q

@@ -17,15 +17,16 @@ def _operands(rng, n, N, K, dtype):
     return x16, w16, reference.weight_product(x16, w16)
 
 
+@pytest.mark.parametrize("kernel", decoder_ops.GEMV_KERNELS)
 @pytest.mark.parametrize("dtype", decoder_ops.GEMV_DTYPES)
 @pytest.mark.parametrize("n,N,K", [(1, 1, 8), (1, 7, 24), (2, 9, 264), (3, 8, 4096), (4, 33, 1000),
                                    (1, 4099, 4096), (4, 17, 14336)])
-def test_gemv_matches_reference(dtype, n, N, K):
+def test_gemv_matches_reference(kernel, dtype, n, N, K):
     """Awkward sizes: one row, rows not a multiple of a block's 8, K of 1 to 56 chunks per lane
     and not a multiple of the warp's chunk stride, 1 to 4 tokens (3 runs the 4-token instance)."""
     import cupy
     x, w, ref = _operands(np.random.default_rng(n * N + K), n, N, K, dtype)
-    y = decoder_ops.gemv(cupy.asarray(x), cupy.asarray(w))
+    y = decoder_ops.gemv(cupy.asarray(x), cupy.asarray(w), kernel=kernel)
     assert y.dtype == cupy.float32 and y.shape == (n, N)
     assert rel_l2(y.get(), ref) < 1e-5            # f32 sums of exact 16-bit products
 
