@@ -234,7 +234,7 @@ def test_cli_without_gpu_says_so():
 def test_cli_registers_bench():
     import cli
     assert "bench" in cli.main.commands
-    assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e", "stages"}
+    assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e", "stages", "products"}
 
 
 class _FakeCupy:
@@ -303,3 +303,15 @@ def test_stage_table_and_argument_errors():
     from click.testing import CliRunner
     res = CliRunner().invoke(bench.bench, ["stages", "--methods", "torch-flash"])
     assert res.exit_code != 0 and "not one of ours" in res.output
+
+
+def test_products_argument_errors():
+    for args, msg in [(["products", "--tokens", "5"], "1..4"), (["products", "--methods", "cublas,magic"], "unknown method")]:
+        result = CliRunner().invoke(bench.bench, args)
+        assert result.exit_code == 2 and msg in result.output, result.output
+
+
+def test_weight_shapes_are_the_8b_layer():
+    shapes = bench.weight_shapes(bench.LLAMA8B_MODEL)
+    assert shapes == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                      "lm_head": (128256, 4096)}
