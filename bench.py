@@ -898,7 +898,7 @@ def time_steps(cp, run, stream, steps, warmup):
     return statistics.median(times), min(times)
 
 
-def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=False, graph=True):
+def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True):
     """Time llama_min's decode step for each method over the same weights and cache, reset to
     L tokens before each method: a CUDA graph (GraphDecoder) replayed, or eager model.decode()."""
     from llama_min.model import AttentionConfig, GraphDecoder
@@ -996,13 +996,13 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
 @click.option("--model", "model_path", type=click.Path(exists=True), default=None,
               help="A checkpoint directory (llama_min); default: Llama-3.1-8B-shaped random weights.")
 @click.option("--no-graph", is_flag=True, help="Time eager steps instead of a captured CUDA graph.")
-@click.option("--gemv", is_flag=True,
-              help="Weight products of <= 4 tokens through santa-cupy's gemv kernel instead of cuBLAS "
-                   "(GraphDecoder(gemv=True); needs the graph).")
+@click.option("--products", "products", type=click.Choice(["auto", "gemv", "cublas"]), default="auto",
+              show_default=True, help="Weight products: GraphDecoder's default (gemv.cu at batch 1, cuBLAS "
+                                      "beyond), gemv.cu up to batch 4, or cuBLAS only. Needs the graph.")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
-def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, gemv, mem_gb, json_path,
+def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, products, mem_gb, json_path,
                 markdown_path):
     """Whole-model decode latency (ms/token, tokens/s), dense vs SANTA attention."""
     L = parse_size(context, "context")
@@ -1012,8 +1012,9 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
         raise click.BadParameter(f"e2e runs our kernels only, not {', '.join(bad)}", param_hint="--methods")
     shape = ModelShape(layers=layers)
     L_max = L + steps + warmup + 8
-    if gemv and no_graph:
-        raise click.UsageError("--gemv needs the captured graph (drop --no-graph)")
+    if products != "auto" and no_graph:
+        raise click.UsageError("--products needs the captured graph (drop --no-graph)")
+    gemv = {"auto": None, "gemv": True, "cublas": False}[products]
     if model_path is None and e2e_memory(shape, batch, L_max) > mem_gb * 1e9:
         raise click.UsageError(f"the random model at batch {batch}, context {L} needs "
                                f"{fmt_bytes(e2e_memory(shape, batch, L_max))} > --mem-gb {mem_gb}; "
@@ -1041,7 +1042,8 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
         model, cache = random_llama(cp, shape, batch, L, L_max)
         note = "random weights, random KV, no prefill"
     meta["decode_step"] = "llama_min (fused RMSNorm / rotary + K/V append / SiLU kernels, residual adds in the products)"
-    meta["weight_products"] = "santa-cupy gemv (<= 4 tokens), else cuBLAS" if gemv else "cuBLAS"
+    meta["weight_products"] = {"auto": "santa-cupy gemv at batch 1, else cuBLAS", "gemv": "santa-cupy gemv",
+                               "cublas": "cuBLAS"}[products] if not no_graph else "CuPy matmul (eager)"
     rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph)
     for r in rows:
         r["note"] = note

@@ -515,15 +515,15 @@ class _CublasGemm:
 
 
 class _GemvFirst:
-    """Weight products of <= 4 tokens with float16 weights through santa_cupy's gemv.cu (float32
-    out, accumulate_into added in the same launch); everything else through cuBLAS."""
+    """Weight products of <= max_tokens tokens with float16 weights through santa_cupy's gemv.cu
+    (float32 out, accumulate_into added in the same launch); everything else through cuBLAS."""
 
-    def __init__(self, cublas: _CublasGemm):
+    def __init__(self, cublas: _CublasGemm, max_tokens: int):
         from santa_cupy import decoder_ops
-        self.cublas, self.ops = cublas, decoder_ops
+        self.cublas, self.ops, self.max_tokens = cublas, decoder_ops, max_tokens
 
     def __call__(self, x, w, accumulate_into=None, out_dtype=None):
-        if (x.shape[0] <= self.ops.GEMV_TOKENS[-1] and w.dtype == np.float16 and x.dtype == w.dtype
+        if (x.shape[0] <= self.max_tokens and w.dtype == np.float16 and x.dtype == w.dtype
                 and w.shape[1] % 8 == 0 and x.flags.c_contiguous and x.data.ptr % 16 == 0):
             return self.ops.gemv(x, w, out=accumulate_into, accumulate=accumulate_into is not None)
         return self.cublas(x, w, accumulate_into=accumulate_into, out_dtype=out_dtype)
@@ -538,14 +538,16 @@ class GraphDecoder:
         gd = GraphDecoder(model, cache, attention)    # after model.prefill(...)
         logits = gd.replay(tokens)                    # [B, V] f32, a static buffer (overwritten)
 
-    gemv=True: the weight products of <= 4 tokens go through santa_cupy's gemv.cu instead of cuBLAS.
+    gemv: the weight products through santa_cupy's gemv.cu instead of cuBLAS for batches of up to
+    decoder_ops.GEMV_AUTO_TOKENS (None, the default: where it measured faster), up to 4 (True),
+    or never (False).
     Static buffers: the token input and the logits output. Positions/lengths (cache.lengths) and,
     through santa_cupy.DecodePlan, the SANTA step counter advance on device inside the graph.
     Temporaries come from a private memory pool kept alive with the graph, so no other allocation
     can reuse addresses the graph writes to."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionConfig = AttentionConfig(),
-                 gemv: bool = False):
+                 gemv: bool | None = None):
         if model.xp is np:
             raise RuntimeError("GraphDecoder needs a model loaded with device='gpu'")
         if cache.length < 1:
@@ -569,8 +571,10 @@ class GraphDecoder:
             raise RuntimeError("GraphDecoder with method='santa' needs santa_cupy.DecodePlan "
                                "(a device step counter); use model.decode() instead")
         self.gemm = _CublasGemm()                  # CuPy refuses its own cuBLAS calls in capture
-        if gemv:                                   # <= 4 tokens: gemv.cu instead of cuBLAS
-            self.gemm = _GemvFirst(self.gemm)
+        from santa_cupy import decoder_ops
+        gemv_tokens = {None: decoder_ops.GEMV_AUTO_TOKENS, True: decoder_ops.GEMV_TOKENS[-1], False: 0}[gemv]
+        if cache.batch <= gemv_tokens:             # gemv.cu instead of cuBLAS
+            self.gemm = _GemvFirst(self.gemm, gemv_tokens)
         model._gemm = self.gemm
         try:
             with cupy.cuda.using_allocator(self.pool.malloc), self.stream:

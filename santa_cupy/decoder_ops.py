@@ -23,6 +23,9 @@ RMS_THREADS = 1024               # SC_RMS_THREADS
 GEMV_THREADS = 128               # SC_NTHREADS (gemv.cu)
 GEMV_DTYPES = ("float16", "bfloat16")
 GEMV_TOKENS = (1, 2, 4)          # gemv instances by NB: n tokens take the smallest NB >= n
+# llama_min's default: gemv for one token, cuBLAS beyond (bench products, H200: gemv 1.00-1.22x
+# cuBLAS at 1 token on every 8B matrix; 0.85-1.05x at 2; 0.68-0.83x at 4).
+GEMV_AUTO_TOKENS = 1
 GEMV_ROWS = 2                    # SC_GEMV_ROWS: rows per warp (v1 "rows") / per block (v2 "split")
 GEMV_KERNELS = {"split": "gemv_split", "rows": "gemv_rows"}     # v2 (default), v1
 GEMV_ROWS_PER_BLOCK = {"split": GEMV_ROWS, "rows": (GEMV_THREADS // 32) * GEMV_ROWS}

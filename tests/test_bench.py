@@ -212,7 +212,7 @@ def test_e2e_memory_refused():
     (["kernels", "--methods", "santa-global"], "unknown method"),
     (["e2e", "--methods", "torch-flash"], "our kernels only"),
     (["e2e", "--context", "0"], "context"),
-    (["e2e", "--gemv", "--no-graph"], "needs the captured graph"),
+    (["e2e", "--products", "gemv", "--no-graph"], "needs the captured graph"),
 ])
 def test_cli_argument_errors(args, msg):
     result = CliRunner().invoke(bench.bench, args)
