@@ -999,11 +999,13 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
 @click.option("--products", "products", type=click.Choice(["auto", "gemv", "cublas"]), default="auto",
               show_default=True, help="Weight products: GraphDecoder's default (gemv.cu at batch 1, cuBLAS "
                                       "beyond), gemv.cu up to batch 4, or cuBLAS only. Needs the graph.")
+@click.option("--pdl", is_flag=True, help="Launch the decoder's own kernels with programmatic dependent launch "
+                                         "(decoder_ops.set_programmatic_launch; sm_90+).")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
-def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, products, mem_gb, json_path,
-                markdown_path):
+def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, products, pdl, mem_gb,
+                json_path, markdown_path):
     """Whole-model decode latency (ms/token, tokens/s), dense vs SANTA attention."""
     L = parse_size(context, "context")
     method_objs = [parse_method(n) for n in parse_list(methods, "methods", str)]
@@ -1044,7 +1046,12 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
     meta["decode_step"] = "llama_min (fused RMSNorm / rotary + K/V append / SiLU kernels, residual adds in the products)"
     meta["weight_products"] = {"auto": "santa-cupy gemv at batch 1, else cuBLAS", "gemv": "santa-cupy gemv",
                                "cublas": "cuBLAS"}[products] if not no_graph else "CuPy matmul (eager)"
-    rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph)
+    from santa_cupy import decoder_ops
+    meta["programmatic_launch"] = decoder_ops.set_programmatic_launch(pdl)
+    try:
+        rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph)
+    finally:
+        decoder_ops.set_programmatic_launch(False)
     for r in rows:
         r["note"] = note
     floor = e2e_bytes(shape, batch, L)

@@ -9,8 +9,10 @@
 // output (float or f16_t: the matmul dtype, or f32 from gemv.cu), Tkv = the KV-cache dtype. All arithmetic in f32, each product and sum rounded as the
 // CuPy expressions it replaces round them (__fmul_rn & co. keep nvcc from contracting into FMAs),
 // so rotary and SiLU are bit-identical to llama_min's array path.
+// Each kernel lets the next start early and waits for its predecessor before reading (pdl.cuh).
 // CPU references: santa_cupy/reference.py rms_norm, rope_append, silu_mul (tests/test_gpu_decoder.py).
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define SC_DECODER_THREADS 256
 #define SC_RMS_THREADS 1024
@@ -23,6 +25,8 @@ __global__ void __launch_bounds__(SC_RMS_THREADS)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restrict__ out, int d, float eps) {
     __shared__ float warp_sums[SC_RMS_THREADS / 32];
     const float* row = x + (i64)blockIdx.x * d;
+    pdl_launch_dependents();
+    pdl_wait();
     float ss = 0.f;
 #pragma unroll 4
     for (int i = threadIdx.x; i < d; i += SC_RMS_THREADS) ss = fmaf(row[i], row[i], ss);
@@ -53,6 +57,8 @@ rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const f
             const int* __restrict__ pos, Tkv* __restrict__ q_out, Tkv* __restrict__ k_cache,
             Tkv* __restrict__ v_cache, int H, int KVH, int D, i64 L_max) {
     const int n = blockIdx.x, half = D / 2, heads = H + 2 * KVH;
+    pdl_launch_dependents();
+    pdl_wait();
     const i64 p = pos[n];
     const Tp* row = qkv + (i64)n * heads * D;
     for (int j = blockIdx.y * SC_DECODER_THREADS + threadIdx.x; j < heads * half; j += gridDim.y * SC_DECODER_THREADS) {
@@ -76,6 +82,8 @@ rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const f
 template <typename Tp, typename To>
 __global__ void __launch_bounds__(SC_DECODER_THREADS)
 silu_mul(const Tp* __restrict__ gu, To* __restrict__ a, int I, i64 total) {
+    pdl_launch_dependents();
+    pdl_wait();
     for (i64 e = (i64)blockIdx.x * SC_DECODER_THREADS + threadIdx.x; e < total; e += (i64)gridDim.x * SC_DECODER_THREADS) {
         const i64 n = e / I, i = e - n * I;
         const float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]);

@@ -22,6 +22,7 @@
 // x += o W^T in one launch). K % 8 == 0 (whole 16-byte chunks), checked by the caller.
 // CPU reference: santa_cupy/reference.py weight_product (tests/test_gpu_gemv.py).
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define SC_GEMV_ROWS 2           // rows per warp (v1) / per block (v2)
 #define SC_GEMV_U 4              // chunks of each row in flight per thread
@@ -34,6 +35,8 @@ gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ 
     constexpr int R = SC_GEMV_ROWS, U = SC_GEMV_U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n0 = (blockIdx.x * (SC_NTHREADS / 32) + warp) * R;
+    pdl_launch_dependents();
+    pdl_wait();                                               // x and y come from earlier kernels
     if (n0 >= N) return;                                      // whole warp
     const int chunks = K / 8;
     float acc[R][NB];
@@ -95,6 +98,7 @@ gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n0 = blockIdx.x * R;
     const int chunks = K / 8;
+    pdl_launch_dependents();
     float acc[R][NB];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -111,6 +115,7 @@ gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__
                                     ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
                                     : make_uint4(0u, 0u, 0u, 0u);
             }
+        pdl_wait();                 // the weights are in flight; x is the previous kernel's output
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + SC_NTHREADS * u;
@@ -132,6 +137,7 @@ gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__
             }
         }
     }
+    pdl_wait();                     // (threads without a chunk) before y is read or written
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
