@@ -274,7 +274,8 @@ def e2e_table(rows: list[dict]) -> str:
 
 def header_markdown(meta: dict, ceiling: dict | None) -> str:
     out = [f"# santa-cupy bench {meta.get('command', '')}", ""]
-    for key in ("gpu", "cupy", "torch", "flashinfer", "date", "commit", "timing", "model", "byte_floor_text"):
+    for key in ("gpu", "cupy", "torch", "flashinfer", "date", "commit", "timing", "model", "byte_floor_text",
+                "weight_products", "programmatic_launch"):
         if meta.get(key) is not None:
             out.append(f"- {key}: {meta[key]}")
     if ceiling:
@@ -688,7 +689,9 @@ def bench():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG plot (needs matplotlib).")
-def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner, mem_gb, no_ceiling,
+@click.option("--pdl", is_flag=True, help="Launch our kernels with programmatic dependent launch "
+                                         "(kernels.set_programmatic_launch; sm_90+): each call overlaps the previous.")
+def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner, mem_gb, no_ceiling, pdl,
                     json_path, markdown_path, plot_path):
     """Decode-attention kernels vs our dense and external dense baselines."""
     if full and quick:
@@ -714,11 +717,16 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
         ceiling = measure_ceiling(cp)
     grid = expand_grid(shape_list, batches, contexts)
     rows = []
-    with click.progressbar(grid, label="kernels", file=sys.stderr,
-                           item_show_func=lambda c: c and f"{c[0].name} B={c[1]} L={fmt_context(c[2])}") as bar:
-        for shape, B, L in bar:
-            rows += bench_config(cp, torch, flashinfer, shape, B, L, method_objs, l2=meta["l2_bytes"],
-                                 budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats)
+    from santa_cupy import kernels
+    meta["programmatic_launch"] = kernels.set_programmatic_launch(pdl)
+    try:
+        with click.progressbar(grid, label="kernels", file=sys.stderr,
+                               item_show_func=lambda c: c and f"{c[0].name} B={c[1]} L={fmt_context(c[2])}") as bar:
+            for shape, B, L in bar:
+                rows += bench_config(cp, torch, flashinfer, shape, B, L, method_objs, l2=meta["l2_bytes"],
+                                     budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats)
+    finally:
+        kernels.set_programmatic_launch(False)
     add_derived(rows, ceiling and ceiling["read_tbps"])
     write_outputs(meta, ceiling, rows, kernel_table(rows), json_path=json_path, markdown_path=markdown_path)
     if plot_path:

@@ -140,6 +140,8 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                      const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
                      i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     using GQ = GroupQuery<T, D, G>;
     constexpr int kRG = GQ::kRowGroups;
     constexpr int U = G <= 4 ? 4 : 2;           // rows per row group in flight (register budget)
@@ -182,6 +184,8 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                    const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
                    i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     using GQ = GroupQuery<T, D, G>;
     constexpr int kRG = GQ::kRowGroups;
     constexpr int kRows = SC_STAGE_BYTES / (D * (int)sizeof(T));   // rows per stage
@@ -338,6 +342,8 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
                  int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
                  float* __restrict__ lse, float* __restrict__ spread) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
     using State = MmaDenseState<T, D, G>;

@@ -9,10 +9,9 @@
 // output (float or f16_t: the matmul dtype, or f32 from gemv.cu), Tkv = the KV-cache dtype. All arithmetic in f32, each product and sum rounded as the
 // CuPy expressions it replaces round them (__fmul_rn & co. keep nvcc from contracting into FMAs),
 // so rotary and SiLU are bit-identical to llama_min's array path.
-// Each kernel lets the next start early and waits for its predecessor before reading (pdl.cuh).
+// Each kernel lets the next start early and waits for its predecessor before reading (common.cuh).
 // CPU references: santa_cupy/reference.py rms_norm, rope_append, silu_mul (tests/test_gpu_decoder.py).
 #include "common.cuh"
-#include "pdl.cuh"
 
 #define SC_DECODER_THREADS 256
 #define SC_RMS_THREADS 1024

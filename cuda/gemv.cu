@@ -22,7 +22,6 @@
 // x += o W^T in one launch). K % 8 == 0 (whole 16-byte chunks), checked by the caller.
 // CPU reference: santa_cupy/reference.py weight_product (tests/test_gpu_gemv.py).
 #include "common.cuh"
-#include "pdl.cuh"
 
 #define SC_GEMV_ROWS 2           // rows per warp (v1) / per block (v2)
 #define SC_GEMV_U 4              // chunks of each row in flight per thread

@@ -53,6 +53,8 @@ __global__ void __launch_bounds__(SC_MERGE_THREADS)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
             i64 L_max, int H, int part_rows, int P_max, int o_stride, int kind, int samples, T* __restrict__ out,
             float* __restrict__ lse, float* __restrict__ spread) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     constexpr int kWarps = SC_MERGE_THREADS / 32;
     constexpr int kPerLane = D / 32;
     __shared__ float red_m[kWarps], red_z[kWarps];
@@ -129,4 +131,4 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
 }
 
 // The device decode-step counter: a captured graph that ends with this advances on every replay.
-__global__ void santa_advance_step(i64* step) { step[0] += 1; }
+__global__ void santa_advance_step(i64* step) { pdl_launch_dependents(); pdl_wait(); step[0] += 1; }

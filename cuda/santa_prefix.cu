@@ -42,6 +42,8 @@ __device__ __forceinline__ double block_scan_d(double v, double* red, double* to
 __global__ void __launch_bounds__(SC_PREFIX_THREADS)
 santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths, i64 L_max, int H, int BN,
              int T_max, int samples, int budget_lr, double* __restrict__ cdf, int* __restrict__ alloc) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     __shared__ double red[SC_PREFIX_THREADS / 32];
     const int h = blockIdx.x;
     const i64 b = blockIdx.y;

@@ -34,6 +34,8 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
             float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
             float4* __restrict__ part_s) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     const int t = blockIdx.x, g = blockIdx.y;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
@@ -60,6 +62,8 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                   float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_split,
                   float* __restrict__ scores, float4* __restrict__ part_s) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     using GQ = GroupQuery<T, D, G>;
     constexpr int kRG = GQ::kRowGroups;
     constexpr int kMaxRows = 2 * SC_STAGE_BYTES / (D * (int)sizeof(T));
@@ -166,6 +170,8 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
                 float4* __restrict__ part_s) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too

@@ -38,6 +38,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
            int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
            const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
            int* __restrict__ counts, int* __restrict__ rows_read) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     constexpr int kThreadsPerRow = D / SC_CHUNK;
     constexpr int kRowGroups = SC_NTHREADS / kThreadsPerRow;
     const int t = blockIdx.x, g = blockIdx.y;
@@ -364,6 +366,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                 int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 int* __restrict__ rows_read) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
     constexpr int E = D / 32;                // elements of a V row per lane
     constexpr int kWarps = SC_NTHREADS / 32;

@@ -11,14 +11,13 @@ santa_cupy/reference.py (weight_product, rms_norm, rope_append, silu_mul).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import numpy as np
 
-from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
+from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch, set_programmatic_launch  # noqa: F401
 
-SOURCE_FILES = ("common.cuh", "pdl.cuh", "gemv.cu", "decoder.cu")
+SOURCE_FILES = ("common.cuh", "gemv.cu", "decoder.cu")
 THREADS = 256                    # SC_DECODER_THREADS (decoder.cu)
 RMS_THREADS = 1024               # SC_RMS_THREADS
 GEMV_THREADS = 128               # SC_NTHREADS (gemv.cu)
@@ -68,70 +67,6 @@ def _kernel(key: tuple):
     return _module().get_function(instance_names()[key])
 
 
-# ---- programmatic dependent launch (pdl.cuh) ----------------------------------------------------
-# CuPy launches without launch attributes, so these launches go through the driver's
-# cuLaunchKernelEx (ctypes) with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-class _LaunchAttribute(ctypes.Structure):      # CUlaunchAttribute: id, pad to 8, 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):         # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-_programmatic = {"on": False, "launch": None, "attr": None}
-
-
-def set_programmatic_launch(on: bool) -> bool:
-    """From now on launch the decoder kernels with programmatic dependent launch (each may start
-    while the previous kernel finishes; sm_90 and later), or plainly. -> whether it is on."""
-    if on and _programmatic["launch"] is None:
-        import cupy
-
-        if int(cupy.cuda.Device().compute_capability) < 90:
-            return False
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernelEx
-        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-        attr.value[0] = 1                          # programmaticStreamSerializationAllowed
-        _programmatic.update(launch=fn, attr=attr)
-    _programmatic["on"] = bool(on)
-    return _programmatic["on"]
-
-
-def _c_arg(a):
-    import cupy
-
-    if isinstance(a, cupy.ndarray):
-        return ctypes.c_void_p(a.data.ptr)
-    for np_type, c_type in ((np.int32, ctypes.c_int32), (np.int64, ctypes.c_int64), (np.float32, ctypes.c_float)):
-        if isinstance(a, np_type):
-            return c_type(a.item())
-    raise TypeError(f"no C type for kernel argument {type(a).__name__}")
-
-
-def _launch(kernel, grid, threads, args):
-    """kernels.launch, or through cuLaunchKernelEx when programmatic launch is on."""
-    if not _programmatic["on"]:
-        return launch(kernel, grid, args, threads=threads)
-    import cupy
-
-    values = [_c_arg(a) for a in args]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    grid3 = (tuple(int(g) for g in grid) + (1, 1))[:3]
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(threads, 1, 1), 0,
-                        cupy.cuda.get_current_stream().ptr, ctypes.pointer(_programmatic["attr"]), 1)
-    function = getattr(kernel, "kernel", kernel)   # RawKernel -> its cupy.cuda.function.Function
-    status = _programmatic["launch"](ctypes.byref(cfg), function.ptr, params, None)
-    if status != 0:
-        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
-
-
 def _dtype_name(a, kv_dtype: str | None = None) -> str:
     if a.dtype == np.uint16 and kv_dtype == "bfloat16":
         return "bfloat16"
@@ -172,8 +107,8 @@ def gemv(x, w, out=None, accumulate=False, kernel="split"):
         raise ValueError(f"gemv: kernel must be one of {tuple(GEMV_KERNELS)}, got {kernel!r}")
     nb = next(b for b in GEMV_TOKENS if b >= n)
     y = _check_out(out, (n, N), cupy.float32, "gemv")
-    _launch(_kernel((kernel, dtype_name, nb)), (-(-N // GEMV_ROWS_PER_BLOCK[kernel]),), GEMV_THREADS,
-            (w, x, y, np.int32(N), np.int32(K), np.int32(n), np.int32(bool(accumulate))))
+    launch(_kernel((kernel, dtype_name, nb)), (-(-N // GEMV_ROWS_PER_BLOCK[kernel]),),
+           (w, x, y, np.int32(N), np.int32(K), np.int32(n), np.int32(bool(accumulate))), threads=GEMV_THREADS)
     return y
 
 
@@ -191,7 +126,7 @@ def rms_norm(x, w, eps: float, out_dtype, out=None):
     if o not in PRODUCT_DTYPES:
         raise ValueError(f"rms_norm: out_dtype must be one of {PRODUCT_DTYPES}, got {o}")
     y = _check_out(out, (N, d), o, "rms_norm")
-    _launch(_kernel(("rms_norm", o)), (N,), RMS_THREADS, (x, w, y, np.int32(d), np.float32(eps)))
+    launch(_kernel(("rms_norm", o)), (N,), (x, w, y, np.int32(d), np.float32(eps)), threads=RMS_THREADS)
     return y
 
 
@@ -221,9 +156,9 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
                          f"{cos.dtype} {cos.shape}, pos {pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
     q = _check_out(q_out, (N, heads, D), k_cache.dtype, "rope_append")
     pairs = (heads + 2 * kv_heads) * D // 2
-    _launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)), THREADS,
-            (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
-             np.int64(L_max)))
+    launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)),
+           (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
+            np.int64(L_max)), threads=THREADS)
     return q
 
 
@@ -238,5 +173,5 @@ def silu_mul(gu, out_dtype, out=None):
     a = _check_out(out, (N, I), o, "silu_mul")
     total = N * I
     blocks = max(1, min(SILU_BLOCKS, -(-total // THREADS)))
-    _launch(_kernel(("silu_mul", p, o)), (blocks,), THREADS, (gu, a, np.int32(I), np.int64(total)))
+    launch(_kernel(("silu_mul", p, o)), (blocks,), (gu, a, np.int32(I), np.int64(total)), threads=THREADS)
     return a

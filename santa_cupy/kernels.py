@@ -11,6 +11,7 @@ This module imports without CuPy and without a GPU (``build_source`` is what CI 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import itertools
@@ -278,11 +279,75 @@ def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int, method
     return KernelSet(**{key: module.get_function(name) for key, name in names.items()})
 
 
+# ---- programmatic dependent launch (common.cuh: pdl_wait / pdl_launch_dependents) -----------------
+# Every kernel of cuda/ waits for its predecessor before it reads anything, so any launch may let it
+# start early. CuPy launches without launch attributes, so these go through the driver's
+# cuLaunchKernelEx (ctypes) with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):      # CUlaunchAttribute: id, pad to 8, 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):         # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_programmatic = {"on": False, "launch": None, "attr": None}
+
+
+def set_programmatic_launch(on: bool) -> bool:
+    """From now on launch santa-cupy's kernels (attention and decoder) with programmatic dependent
+    launch (each may be scheduled while the previous kernel in the stream finishes, and waits for
+    it on the device; sm_90 and later), or plainly. -> whether it is on."""
+    if on and _programmatic["launch"] is None:
+        import cupy
+
+        if int(cupy.cuda.Device().compute_capability) < 90:
+            return False
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernelEx
+        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1                          # programmaticStreamSerializationAllowed
+        _programmatic.update(launch=fn, attr=attr)
+    _programmatic["on"] = bool(on)
+    return _programmatic["on"]
+
+
+def _c_arg(a):
+    import cupy
+
+    if isinstance(a, cupy.ndarray):
+        return ctypes.c_void_p(a.data.ptr)
+    for np_type, c_type in ((np.int32, ctypes.c_int32), (np.int64, ctypes.c_int64), (np.uint64, ctypes.c_uint64),
+                            (np.uint32, ctypes.c_uint32), (np.float32, ctypes.c_float), (np.float64, ctypes.c_double)):
+        if isinstance(a, np_type):
+            return c_type(a.item())
+    raise TypeError(f"no C type for kernel argument {type(a).__name__}")
+
+
 def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
-    """Launch on the current stream with enough dynamic shared memory (raising the limit if needed)."""
+    """Launch on the current stream with enough dynamic shared memory (raising the limit if needed);
+    with programmatic dependent launch when set_programmatic_launch(True)."""
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
-    kernel(tuple(int(x) for x in grid), (threads,), tuple(args), shared_mem=shared_mem)
+    if not _programmatic["on"]:
+        kernel(tuple(int(x) for x in grid), (threads,), tuple(args), shared_mem=shared_mem)
+        return
+    import cupy
+
+    values = [_c_arg(a) for a in args]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    grid3 = (tuple(int(g) for g in grid) + (1, 1))[:3]
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(threads, 1, 1), shared_mem,
+                        cupy.cuda.get_current_stream().ptr, ctypes.pointer(_programmatic["attr"]), 1)
+    function = getattr(kernel, "kernel", kernel)   # RawKernel -> its cupy.cuda.function.Function
+    status = _programmatic["launch"](ctypes.byref(cfg), function.ptr, params, None)
+    if status != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
 
 
 def resident_blocks(kernel, threads: int = THREADS, shared_mem: int = 0, device_attributes=None) -> int:
