@@ -906,7 +906,7 @@ def time_steps(cp, run, stream, steps, warmup):
     return statistics.median(times), min(times)
 
 
-def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True):
+def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True, programmatic=True):
     """Time llama_min's decode step for each method over the same weights and cache, reset to
     L tokens before each method: a CUDA graph (GraphDecoder) replayed, or eager model.decode()."""
     from llama_min.model import AttentionConfig, GraphDecoder
@@ -920,14 +920,15 @@ def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True
                               dict(samples=m.samples, sampler=m.sampler, budget=m.budget)))
         tokens = cp.ones((B,), cp.int32)
         if graph:
-            gd = GraphDecoder(model, cache, att, gemv=gemv)
+            gd = GraphDecoder(model, cache, att, gemv=gemv, programmatic_launch=programmatic)
             run, stream, plan = (lambda: gd.replay(tokens)), gd.stream, gd.plan
         else:
             gd, stream = None, cp.cuda.get_current_stream()
             model.decode(tokens, cache, att)                       # builds the cached plan
             run, plan = (lambda: model.decode(tokens, cache, att)), cache.plans.get(att)
         ms, ms_min = time_steps(cp, run, stream, steps, warmup)
-        row = {"method": m.name, "B": B, "L": L, "ms": ms, "ms_min": ms_min, "timing": "graph" if graph else "eager"}
+        row = {"method": m.name, "B": B, "L": L, "ms": ms, "ms_min": ms_min, "timing": "graph" if graph else "eager",
+               "programmatic": gd is not None and gd.programmatic_launch}
         if m.kind == "santa" and plan is not None:
             last_len = int(cache.lengths[0])       # the last step attended over this many rows
             row["rows_frac"] = float(plan.info().rows_read.sum()) / (B * model.KVH * last_len)
@@ -1007,8 +1008,9 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
 @click.option("--products", "products", type=click.Choice(["auto", "gemv", "cublas"]), default="auto",
               show_default=True, help="Weight products: GraphDecoder's default (gemv.cu at batch 1, cuBLAS "
                                       "beyond), gemv.cu up to batch 4, or cuBLAS only. Needs the graph.")
-@click.option("--pdl", is_flag=True, help="Launch the decoder's own kernels with programmatic dependent launch "
-                                         "(decoder_ops.set_programmatic_launch; sm_90+).")
+@click.option("--pdl/--no-pdl", default=True, show_default=True,
+              help="Capture santa-cupy's kernels with programmatic dependent launch (GraphDecoder's default on "
+                   "sm_90+), or plainly.")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
@@ -1054,12 +1056,9 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
     meta["decode_step"] = "llama_min (fused RMSNorm / rotary + K/V append / SiLU kernels, residual adds in the products)"
     meta["weight_products"] = {"auto": "santa-cupy gemv at batch 1, else cuBLAS", "gemv": "santa-cupy gemv",
                                "cublas": "cuBLAS"}[products] if not no_graph else "CuPy matmul (eager)"
-    from santa_cupy import decoder_ops
-    meta["programmatic_launch"] = decoder_ops.set_programmatic_launch(pdl)
-    try:
-        rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph)
-    finally:
-        decoder_ops.set_programmatic_launch(False)
+    rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph,
+                     programmatic=pdl)
+    meta["programmatic_launch"] = bool(pdl and not no_graph and rows and rows[0].get("programmatic"))
     for r in rows:
         r["note"] = note
     floor = e2e_bytes(shape, batch, L)

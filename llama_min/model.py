@@ -540,14 +540,16 @@ class GraphDecoder:
 
     gemv: the weight products through santa_cupy's gemv.cu instead of cuBLAS for batches of up to
     decoder_ops.GEMV_AUTO_TOKENS (None, the default: where it measured faster), up to 4 (True),
-    or never (False).
+    or never (False). programmatic_launch: capture every santa-cupy kernel with programmatic
+    dependent launch, so each is scheduled while the one before it finishes (None, the default: on
+    where the GPU has it, sm_90+; bit-identical results either way; cuBLAS calls stay plain).
     Static buffers: the token input and the logits output. Positions/lengths (cache.lengths) and,
     through santa_cupy.DecodePlan, the SANTA step counter advance on device inside the graph.
     Temporaries come from a private memory pool kept alive with the graph, so no other allocation
     can reuse addresses the graph writes to."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionConfig = AttentionConfig(),
-                 gemv: bool | None = None):
+                 gemv: bool | None = None, programmatic_launch: bool | None = None):
         if model.xp is np:
             raise RuntimeError("GraphDecoder needs a model loaded with device='gpu'")
         if cache.length < 1:
@@ -576,6 +578,9 @@ class GraphDecoder:
         if cache.batch <= gemv_tokens:             # gemv.cu instead of cuBLAS
             self.gemm = _GemvFirst(self.gemm, gemv_tokens)
         model._gemm = self.gemm
+        from santa_cupy import kernels
+        was_programmatic = kernels.programmatic_launch()
+        self.programmatic_launch = kernels.set_programmatic_launch(programmatic_launch is not False)
         try:
             with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
                 self.tokens = cupy.zeros((cache.batch,), cupy.int32)
@@ -594,6 +599,7 @@ class GraphDecoder:
             self.stream.synchronize()
         finally:
             model._gemm = None
+            kernels.set_programmatic_launch(was_programmatic)
 
     def close(self):
         """Release the graph, its memory pool and the cuBLAS handle (also on garbage collection)."""

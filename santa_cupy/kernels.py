@@ -298,6 +298,11 @@ class _LaunchConfig(ctypes.Structure):         # CUlaunchConfig
 _programmatic = {"on": False, "launch": None, "attr": None}
 
 
+def programmatic_launch() -> bool:
+    """Whether launches currently use programmatic dependent launch (set_programmatic_launch)."""
+    return _programmatic["on"]
+
+
 def set_programmatic_launch(on: bool) -> bool:
     """From now on launch santa-cupy's kernels (attention and decoder) with programmatic dependent
     launch (each may be scheduled while the previous kernel in the stream finishes, and waits for

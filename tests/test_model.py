@@ -458,25 +458,25 @@ def test_graph_decoder_with_gemv_matches_eager(tmp_path):
 
 @gpu
 def test_graph_decoder_with_programmatic_launch_is_bit_identical(tmp_path):
-    """santa_cupy.decoder_ops.set_programmatic_launch(True): the decoder kernels overlap their
-    predecessors' tails in the graph; the logits and the appended K/V do not change at all."""
+    """GraphDecoder's default captures santa-cupy's kernels with programmatic dependent launch (each
+    overlaps its predecessor's tail) on sm_90+: the logits and the appended K/V are those of a plain
+    capture, bit for bit, and the process-wide launch mode is left as it was."""
     cp = _cupy()
     from llama_min.model import GraphDecoder
-    from santa_cupy import decoder_ops
+    from santa_cupy import kernels
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")
     prompt = np.random.default_rng(8).integers(0, cfg["vocab_size"], size=(1, 6))
     steps = np.random.default_rng(9).integers(0, cfg["vocab_size"], size=(4, 1))
     results = []
-    for programmatic in (False, True):
-        assert decoder_ops.set_programmatic_launch(programmatic) == programmatic
-        try:
-            cache = model.new_cache(1, 16)
-            model.prefill(prompt, cache)
-            with GraphDecoder(model, cache) as gd:          # batch 1: gemv.cu products
-                results.append(([cp.asnumpy(gd.replay(t)) for t in steps], cp.asnumpy(cache.k[1])))
-        finally:
-            decoder_ops.set_programmatic_launch(False)
+    for programmatic in (False, None):
+        cache = model.new_cache(1, 16)
+        model.prefill(prompt, cache)
+        with GraphDecoder(model, cache, programmatic_launch=programmatic) as gd:    # batch 1: gemv.cu
+            sm90 = int(cp.cuda.Device().compute_capability) >= 90
+            assert gd.programmatic_launch == (programmatic is None and sm90)
+            assert not kernels.programmatic_launch()
+            results.append(([cp.asnumpy(gd.replay(t)) for t in steps], cp.asnumpy(cache.k[1])))
     for a, b in zip(results[0][0], results[1][0]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(results[0][1], results[1][1])
