@@ -81,7 +81,8 @@ def _check_out(out, shape, dtype, what):
 
     if out is None:
         return cupy.empty(shape, dtype)
-    if not isinstance(out, cupy.ndarray) or out.dtype != dtype or out.shape != tuple(shape) or not out.flags.c_contiguous:
+    if (not isinstance(out, cupy.ndarray) or out.dtype != dtype or out.shape != tuple(shape)
+            or not out.flags.c_contiguous):
         raise ValueError(f"{what} needs out as a C-contiguous {np.dtype(dtype).name} cupy array of shape "
                          f"{tuple(shape)}, got {type(out).__name__} {getattr(out, 'dtype', '?')} "
                          f"{getattr(out, 'shape', '?')}")

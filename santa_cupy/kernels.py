@@ -323,10 +323,11 @@ def set_programmatic_launch(on: bool) -> bool:
 
 
 def _c_arg(a):
-    import cupy
-
-    if isinstance(a, cupy.ndarray):
-        return ctypes.c_void_p(a.data.ptr)
+    """A kernel argument as cuLaunchKernelEx wants it: a device array -> its pointer, a NumPy
+    scalar -> the C value of its type (what CuPy's own launch does with the same arguments)."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)     # cupy.ndarray
+    if ptr is not None:
+        return ctypes.c_void_p(ptr)
     for np_type, c_type in ((np.int32, ctypes.c_int32), (np.int64, ctypes.c_int64), (np.uint64, ctypes.c_uint64),
                             (np.uint32, ctypes.c_uint32), (np.float32, ctypes.c_float), (np.float64, ctypes.c_double)):
         if isinstance(a, np_type):

@@ -373,3 +373,45 @@ def test_fixed_warp_launch(launches):
     assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_WEIGHTED
     _, pargs = by_name["santa_prefix"]
     assert int(pargs[params["santa_prefix"].index("budget_lr")]) == 0
+
+
+def test_launch_structs_match_the_driver_abi():
+    """kernels.launch's ctypes mirrors of CUlaunchConfig / CUlaunchAttribute (cuda.h, 64-bit): a
+    wrong size or offset would hand cuLaunchKernelEx garbage."""
+    import ctypes
+    from santa_cupy import kernels
+    assert ctypes.sizeof(kernels._LaunchAttribute) == 72                  # id, pad to 8, 64-byte union
+    assert kernels._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(kernels._LaunchConfig) == 56
+    offsets = {name: getattr(kernels._LaunchConfig, name).offset
+               for name in ("shared_mem", "stream", "attrs", "num_attrs")}
+    assert offsets == {"shared_mem": 24, "stream": 32, "attrs": 40, "num_attrs": 48}
+    assert kernels._c_arg(np.int32(7)).value == 7 and isinstance(kernels._c_arg(np.float32(0.5)), ctypes.c_float)
+    with pytest.raises(TypeError, match="no C type"):
+        kernels._c_arg(7)
+
+
+def test_decoder_references_agree_with_llama_min():
+    """reference.rope_append rotates as llama_min's CPU path does (bit for bit, float32), and
+    reference.silu_mul / rms_norm are the model's formulas."""
+    from llama_min.model import LlamaModel
+    from santa_cupy import reference
+    rng = np.random.default_rng(4)
+    H, KVH, D, N, L = 4, 2, 16, 3, 7
+    qkv = rng.standard_normal((N, (H + 2 * KVH) * D)).astype(np.float32)
+    ang = rng.uniform(-3, 3, (L, D // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = np.array([0, 6, 2], np.int32)
+    k, v = np.zeros((N, L, KVH, D), np.float32), np.zeros((N, L, KVH, D), np.float32)
+    q = reference.rope_append(qkv, cos, sin, pos, k, v, H, KVH, "float32")
+    x = qkv.reshape(N, H + 2 * KVH, D)
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    np.testing.assert_array_equal(q, LlamaModel._rope(x[:, :H], c, s))
+    np.testing.assert_array_equal(k[np.arange(N), pos], LlamaModel._rope(x[:, H:H + KVH], c, s))
+    np.testing.assert_array_equal(v[np.arange(N), pos], x[:, H + KVH:])
+    gu = rng.standard_normal((2, 10))
+    g, u = gu[:, :5], gu[:, 5:]
+    np.testing.assert_allclose(reference.silu_mul(gu), g * (0.5 * (1.0 + np.tanh(0.5 * g))) * u, rtol=1e-12)
+    w = rng.standard_normal(10)
+    rms = np.sqrt((gu * gu).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(reference.rms_norm(gu, w, 1e-6), gu / rms * w)

@@ -20,7 +20,8 @@ if [ -z "${SKIP_E2E:-}" ]; then
   for B in 1 16; do
     timeout 150 python3 bench.py e2e --batch $B --context 32k --mem-gb 120 --markdown /tmp/perf/e2e_b$B.md 2>>/tmp/perf/bench.err | tail -8
   done
-  # the weight products through gemv.cu instead of cuBLAS (opt-in until measured)
-  timeout 150 python3 bench.py e2e --batch 1 --context 32k --mem-gb 120 --gemv --markdown /tmp/perf/e2e_b1_gemv.md 2>>/tmp/perf/bench.err | tail -4
+  # the step as it was before gemv.cu and programmatic launch, for the side-by-side
+  timeout 150 python3 bench.py e2e --batch 1 --context 32k --mem-gb 120 --products cublas --no-pdl --markdown /tmp/perf/e2e_b1_plain.md 2>>/tmp/perf/bench.err | tail -4
+  timeout 150 python3 bench.py products --markdown /tmp/perf/products.md 2>>/tmp/perf/bench.err | grep "^|"
 fi
 tar -czf "$OUT/perf.tgz" -C /tmp perf
