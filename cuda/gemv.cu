@@ -26,6 +26,49 @@
 #define SC_GEMV_ROWS 2           // rows per warp (v1) / per block (v2)
 #define SC_GEMV_U 4              // chunks of each row in flight per thread
 
+// The weight chunks c0 + kStride u (u < U) of rows n0 .. n0 + R - 1, streaming (read once: __ldcs);
+// zeros past the last row or chunk.
+template <typename T, int R, int U, int kStride>
+__device__ __forceinline__ void load_weight_chunks(const T* __restrict__ w, int n0, int N, int K, int c0, int chunks,
+                                                   Chunk<T> (&wc)[R][U]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + kStride * u;
+            wc[r][u].w[0] = c < chunks && n0 + r < N
+                                ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
+                                : make_uint4(0u, 0u, 0u, 0u);
+        }
+}
+
+// acc[r][t] += (chunk c of weight row r) . (chunk c of x's token t) for c = c0 + kStride u < chunks;
+// x's chunks through L1 (every warp reads the same x).
+template <typename T, int NB, int R, int U, int kStride>
+__device__ __forceinline__ void fma_weight_chunks(const Chunk<T> (&wc)[R][U], const T* __restrict__ x, int K,
+                                                  int c0, int chunks, int n_tok, float (&acc)[R][NB]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + kStride * u;
+        if (c >= chunks) break;
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) wc[r][u].to_floats(wf[r]);
+#pragma unroll
+        for (int t = 0; t < NB; ++t) {
+            if (t >= n_tok) break;
+            Chunk<T> xc;
+            xc.w[0] = __ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c);
+            float xf[8];
+            xc.to_floats(xf);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
+        }
+    }
+}
+
 template <typename T, int NB>
 __global__ void __launch_bounds__(SC_NTHREADS)
 gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ y, int N, int K, int n_tok,
@@ -45,35 +88,8 @@ gemv_rows(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__ 
         for (int t = 0; t < NB; ++t) acc[r][t] = 0.f;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {          // warp-uniform trip count
         Chunk<T> wc[R][U];                                    // 8 elements: one uint4
-#pragma unroll
-        for (int r = 0; r < R; ++r)                            // every weight load first
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = c0 + 32 * u;
-                wc[r][u].w[0] = c < chunks && n0 + r < N
-                                    ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
-                                    : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + 32 * u;
-            if (c >= chunks) break;
-            float wf[R][8];
-#pragma unroll
-            for (int r = 0; r < R; ++r) wc[r][u].to_floats(wf[r]);
-#pragma unroll
-            for (int t = 0; t < NB; ++t) {
-                if (t >= n_tok) break;
-                Chunk<T> xc;
-                xc.w[0] = __ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c);
-                float xf[8];
-                xc.to_floats(xf);
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
-            }
-        }
+        load_weight_chunks<T, R, U, 32>(w, n0, N, K, c0, chunks, wc);     // every weight load first
+        fma_weight_chunks<T, NB, R, U, 32>(wc, x, K, c0, chunks, n_tok, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -104,37 +120,10 @@ gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__
 #pragma unroll
         for (int t = 0; t < NB; ++t) acc[r][t] = 0.f;
     for (int c0 = threadIdx.x; c0 < chunks; c0 += SC_NTHREADS * U) {
-        Chunk<T> wc[R][U];                                    // every weight load first
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = c0 + SC_NTHREADS * u;
-                wc[r][u].w[0] = c < chunks && n0 + r < N
-                                    ? __ldcs(reinterpret_cast<const uint4*>(w + (i64)(n0 + r) * K) + c)
-                                    : make_uint4(0u, 0u, 0u, 0u);
-            }
+        Chunk<T> wc[R][U];
+        load_weight_chunks<T, R, U, SC_NTHREADS>(w, n0, N, K, c0, chunks, wc);   // every weight load first
         pdl_wait();                 // the weights are in flight; x is the previous kernel's output
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + SC_NTHREADS * u;
-            if (c >= chunks) break;
-            float wf[R][8];
-#pragma unroll
-            for (int r = 0; r < R; ++r) wc[r][u].to_floats(wf[r]);
-#pragma unroll
-            for (int t = 0; t < NB; ++t) {
-                if (t >= n_tok) break;
-                Chunk<T> xc;
-                xc.w[0] = __ldg(reinterpret_cast<const uint4*>(x + (i64)t * K) + c);
-                float xf[8];
-                xc.to_floats(xf);
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
-            }
-        }
+        fma_weight_chunks<T, NB, R, U, SC_NTHREADS>(wc, x, K, c0, chunks, n_tok, acc);
     }
     pdl_wait();                     // (threads without a chunk) before y is read or written
 #pragma unroll
