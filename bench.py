@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 import statistics
 import os
 import subprocess
@@ -104,6 +105,8 @@ def parse_method(name: str) -> Method:
         return Method(name)
     if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS:
         return Method("dense", backend=name.removeprefix("dense-"))
+    if re.fullmatch(r"dense-p[1-9][0-9]*", name):            # forced splits per KV group
+        return Method("dense", backend=name.removeprefix("dense-"))
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
@@ -112,7 +115,7 @@ def parse_method(name: str) -> Method:
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
-        f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
         f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged|-warpmma], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
@@ -501,7 +504,9 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
     """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
     from santa_cupy import DecodePlan
 
-    if method.kind == "dense":
+    if method.kind == "dense" and method.backend.startswith("p"):
+        kw = dict(method="dense", dense_splits=int(method.backend[1:]))
+    elif method.kind == "dense":
         kw = dict(method="dense", dense_kernel=method.backend or "auto")
     else:
         kw = dict(method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)

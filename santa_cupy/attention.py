@@ -112,7 +112,8 @@ class DecodePlan:
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
-                 dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None):
+                 dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None,
+                 dense_splits=None):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -164,6 +165,10 @@ class DecodePlan:
         if tiles_per_warp is not None and (isinstance(tiles_per_warp, bool) or not isinstance(tiles_per_warp, int)
                                            or tiles_per_warp < 1):
             raise ValueError(f"tiles_per_warp must be None (automatic) or an integer >= 1, got {tiles_per_warp!r}")
+        if dense_splits is not None and (isinstance(dense_splits, bool) or not isinstance(dense_splits, int)
+                                         or dense_splits < 1):
+            raise ValueError(f"dense_splits must be None (automatic) or an integer >= 1, got {dense_splits!r}")
+        self._forced_dense_splits = dense_splits
         # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
         # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
         self.score_tpw = self.tile_tpw = 1
@@ -232,9 +237,14 @@ class DecodePlan:
 
     def _dense_splits(self):
         """(rows per split, splits): whole waves of resident blocks over B * KVH * splits, splits of
-        >= 256 rows (kernels.wave_fitted_parts)."""
+        >= 256 rows (kernels.wave_fitted_parts), or DecodePlan(dense_splits=N) (rows a multiple of
+        16, so at most N splits)."""
         import cupy
 
+        if self._forced_dense_splits:
+            rows = -(-self.L_max // self._forced_dense_splits)
+            rows = -(-rows // 16) * 16
+            return rows, -(-self.L_max // rows)
         attrs = cupy.cuda.Device().attributes
         kernel = self._dense_fn
         smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)

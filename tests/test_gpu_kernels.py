@@ -549,3 +549,17 @@ def test_programmatic_launch_is_bit_identical(options):
 
     for got, want in zip(run(True), run(False)):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("splits", [1, 5, 64, 200])
+def test_dense_forced_splits_match_reference(splits):
+    """DecodePlan(dense_splits=N) (bench's dense-p<N>): one split, a few (self-merge), many (more
+    than rows allow at the short length: empty splits) against the float64 reference."""
+    rng = np.random.default_rng(splits)
+    L_max, lengths = 5003, [5003, 1, 2777]
+    q, k, v, lens = random_inputs(rng, 3, 16, 4, 128, L_max, lengths, "bfloat16")
+    plan = DecodePlan(batch=3, heads=16, kv_heads=4, head_dim=128, max_length=L_max, dtype="bfloat16",
+                      method="dense", dense_splits=splits)
+    o = plan.run(*to_gpu(q, k, v, lens))
+    ref_o, _ = reference.dense_attention(q, k, v, lens)
+    assert rel_l2(_as_float(o), ref_o) < DENSE_TOL["bfloat16"]

@@ -119,6 +119,24 @@ def test_dense_self_merge_rule(launches):
         assert args[params.index("merge_counters")].size == (4 if merges else 1)
 
 
+def test_forced_dense_splits(launches):
+    """DecodePlan(dense_splits=N): N splits a KV group of whole 16-row steps (fewer where rounding
+    makes the last ones empty), launched as such; the self-merge rule follows the count."""
+    from santa_cupy import DecodePlan
+
+    for L, n, rows, splits in ((32768, 64, 512, 64), (1000, 3, 336, 3), (100, 64, 16, 7)):
+        q, k, v, lengths = _inputs(L=L)
+        launches.clear()
+        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L, method="dense", dense_splits=n)
+        assert (plan.part_rows, plan.P_max) == (rows, splits)
+        assert plan.dense_merges_itself == (splits <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
+        plan.run(q, k, v, lengths)
+        assert launches[0][1][0] == splits                       # grid x = splits
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="dense_splits"):
+            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method="dense", dense_splits=bad)
+
+
 @pytest.mark.parametrize("method,budget,dense_kernel,expected", CASES)
 def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     from santa_cupy import DecodePlan
