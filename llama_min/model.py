@@ -1,4 +1,5 @@
-"""A minimal Llama decoder on NumPy (CPU) or CuPy (GPU), one code path with `xp`.
+"""A minimal Llama decoder on NumPy (CPU) or CuPy (GPU), one code path with `xp` (but the GPU's
+decode step, `_decode_core_gpu`, which does the same math in ~10 launches a layer).
 
 Shapes: B batch, T tokens, d hidden, H query heads, KVH KV heads, G = H // KVH, D head dim,
 I intermediate, V vocab, L_max cache capacity.
@@ -10,7 +11,9 @@ I intermediate, V vocab, L_max cache capacity.
 - Decode: one token per sequence; attention through `santa_cupy.decode_attention`
   (CPU + method="dense" uses the float32 NumPy dense decode below, so the CPU path does not depend
   on santa_cupy). The GPU step does no host synchronisation: positions are the device array
-  `cache.lengths`, so `GraphDecoder` can capture it as a CUDA graph.
+  `cache.lengths`, so `GraphDecoder` can capture it as a CUDA graph. Its RMSNorm, rotary + K/V
+  append and SiLU * up are santa_cupy.decoder_ops kernels, the residual adds happen inside the
+  weight products (cuBLAS beta = 1, or gemv.cu's accumulate at batch 1 in GraphDecoder).
 """
 
 from __future__ import annotations
