@@ -315,3 +315,23 @@ def test_weight_shapes_are_the_8b_layer():
     shapes = bench.weight_shapes(bench.LLAMA8B_MODEL)
     assert shapes == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                       "lm_head": (128256, 4096)}
+
+
+@pytest.mark.gpu
+def test_e2e_with_a_checkpoint_on_the_gpu(tmp_path):
+    """bench e2e --model DIR: a real (tiny) checkpoint through llama_min's GraphDecoder, both
+    methods, a JSON row each with a time and santa's rows-read fraction."""
+    from tests.gpu_util import HAVE_GPU
+    if not HAVE_GPU:
+        pytest.skip("needs CuPy and a CUDA GPU")
+    from tests.test_model import make_tiny
+    path, _, _ = make_tiny(tmp_path, H=4, KVH=2, max_pos=512)
+    out = tmp_path / "e2e.json"
+    result = CliRunner().invoke(bench.bench, ["e2e", "--model", str(path), "--context", "300", "--steps", "3",
+                                              "--warmup", "1", "--methods", "dense,santa-global-systematic-64",
+                                              "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["dense", "santa-global-systematic-64"]
+    assert all(r["ms"] > 0 and r["timing"] == "graph" for r in rows)
+    assert 0 < rows[1]["rows_frac"] <= 1
