@@ -6,9 +6,10 @@
 // ~4 ms of an 8 ms step (BENCHMARKS.md, sixth session). Here each step is one launch.
 //
 // Storage types as in common.cuh: float, f16_t, bf16_t (bits). Tp = the dtype of a weight product's
-// output (float or f16_t: the matmul dtype, or f32 from gemv.cu), Tkv = the KV-cache dtype. All arithmetic in f32, each product and sum rounded as the
-// CuPy expressions it replaces round them (__fmul_rn & co. keep nvcc from contracting into FMAs),
-// so rotary and SiLU are bit-identical to llama_min's array path.
+// output (float or f16_t: the matmul dtype, or f32 from gemv.cu), Tkv = the KV-cache dtype. All
+// arithmetic in f32, each product and sum rounded as the CuPy expressions it replaces round them
+// (__fmul_rn & co. keep nvcc from contracting into FMAs), so rotary and SiLU are bit-identical to
+// llama_min's array path.
 // Each kernel lets the next start early and waits for its predecessor before reading (common.cuh).
 // CPU references: santa_cupy/reference.py rms_norm, rope_append, silu_mul (tests/test_gpu_decoder.py).
 #include "common.cuh"
@@ -38,7 +39,8 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restric
     const float inv = 1.0f / sqrtf(total / (float)d + eps);
     To* dst = out + (i64)blockIdx.x * d;
 #pragma unroll 4
-    for (int i = threadIdx.x; i < d; i += SC_RMS_THREADS) dst[i] = from_float<To>(__fmul_rn(__fmul_rn(row[i], inv), w[i]));
+    for (int i = threadIdx.x; i < d; i += SC_RMS_THREADS)
+        dst[i] = from_float<To>(__fmul_rn(__fmul_rn(row[i], inv), w[i]));
 }
 
 // Rotary embedding of q and k, and the K/V append, for one token per sequence n < N:
@@ -83,7 +85,8 @@ __global__ void __launch_bounds__(SC_DECODER_THREADS)
 silu_mul(const Tp* __restrict__ gu, To* __restrict__ a, int I, i64 total) {
     pdl_launch_dependents();
     pdl_wait();
-    for (i64 e = (i64)blockIdx.x * SC_DECODER_THREADS + threadIdx.x; e < total; e += (i64)gridDim.x * SC_DECODER_THREADS) {
+    for (i64 e = (i64)blockIdx.x * SC_DECODER_THREADS + threadIdx.x; e < total;
+         e += (i64)gridDim.x * SC_DECODER_THREADS) {
         const i64 n = e / I, i = e - n * I;
         const float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]);
         const float sig = __fmul_rn(0.5f, __fadd_rn(1.0f, tanhf(__fmul_rn(0.5f, g))));

@@ -306,7 +306,8 @@ def test_stage_table_and_argument_errors():
 
 
 def test_products_argument_errors():
-    for args, msg in [(["products", "--tokens", "5"], "1..4"), (["products", "--methods", "cublas,magic"], "unknown method")]:
+    for args, msg in [(["products", "--tokens", "5"], "1..4"),
+                      (["products", "--methods", "cublas,magic"], "unknown method")]:
         result = CliRunner().invoke(bench.bench, args)
         assert result.exit_code == 2 and msg in result.output, result.output
 
