@@ -237,23 +237,20 @@ class DecodePlan:
 
     def _dense_splits(self):
         """(rows per split, splits): whole waves of resident blocks over B * KVH * splits, splits of
-        >= 256 rows (kernels.wave_fitted_parts), or DecodePlan(dense_splits=N) (rows a multiple of
-        16, so at most N splits)."""
-        import cupy
-
-        if self._forced_dense_splits:
-            rows = -(-self.L_max // self._forced_dense_splits)
-            rows = -(-rows // 16) * 16
-            return rows, -(-self.L_max // rows)
-        attrs = cupy.cuda.Device().attributes
-        kernel = self._dense_fn
-        smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
-        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
-        max_splits = max(1, -(-self.L_max // 256))
-        splits = kernels.wave_fitted_parts(self.B * self.KVH, max_splits, slots)
+        >= 256 rows (kernels.wave_fitted_parts), or DecodePlan(dense_splits=N); rows a multiple of
+        16, so at most that many splits."""
+        splits = self._forced_dense_splits or self._wave_fitted_dense_splits()
         rows = -(-self.L_max // splits)
         rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
         return rows, -(-self.L_max // rows)
+
+    def _wave_fitted_dense_splits(self):
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
+        slots = kernels.resident_blocks(self._dense_fn, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self.L_max // 256)), slots)
 
     # ---- launches ---------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
