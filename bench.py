@@ -814,12 +814,19 @@ LLAMA8B_MODEL = ModelShape()
 E2E_ITEMSIZE = 2  # fp16 weights and KV cache (cuBLAS fp16 GEMMs; CuPy has no bf16 matmul)
 
 
+def weight_shapes(m: ModelShape) -> dict[str, tuple[int, int]]:
+    """The decode step's weight matrices [N, K] (llama_min's fused QKV and gate/up layout)."""
+    d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
+    return {"qkv": (HD + 2 * KD, d), "o": (d, HD), "gate_up": (2 * I, d), "down": (d, I), "lm_head": (m.vocab, d)}
+
+
 def e2e_bytes(m: ModelShape, B: int, L: int) -> dict:
     """Byte floor of one decode step: every weight read once (layers + final norm + lm_head; one
     embedding row per sequence), and K + V of every layer at length L."""
-    d, HD, KD = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim
-    per_layer = (d * (HD + 2 * KD) + HD * d + 2 * d * m.intermediate + m.intermediate * d) * E2E_ITEMSIZE + 2 * d * 4
-    weights = m.layers * per_layer + m.vocab * d * E2E_ITEMSIZE + d * 4 + B * d * E2E_ITEMSIZE
+    d, KD = m.hidden, m.kv_heads * m.head_dim
+    shapes = weight_shapes(m)
+    per_layer = sum(N * K for name, (N, K) in shapes.items() if name != "lm_head") * E2E_ITEMSIZE + 2 * d * 4
+    weights = m.layers * per_layer + math.prod(shapes["lm_head"]) * E2E_ITEMSIZE + d * 4 + B * d * E2E_ITEMSIZE
     kv = m.layers * 2 * B * L * KD * E2E_ITEMSIZE
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
@@ -853,15 +860,17 @@ def random_llama(cp, m: ModelShape, B: int, L: int, L_max: int):
                       rms_norm_eps=m.eps, rope_theta=m.rope_theta, rope_scaling=None, max_position_embeddings=L_max,
                       vocab_size=m.vocab, tie_word_embeddings=False, bos_token_id=None,
                       source="bench e2e (random weights)")
-    d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
+    d, shapes = m.hidden, weight_shapes(m)
 
-    def w(rows, cols):
+    def w(name):
+        rows, cols = shapes[name]
         return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
 
-    layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w(HD + 2 * KD, d), "wo": w(d, HD),
-               "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w(2 * I, d), "w_down": w(d, I)}
+    layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w("qkv"), "wo": w("o"),
+               "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w("gate_up"), "w_down": w("down")}
               for _ in range(m.layers)]
-    weights = {"embed": w(m.vocab, d), "lm_head": w(m.vocab, d), "norm": cp.ones((d,), cp.float32), "layers": layers}
+    weights = {"embed": w("lm_head"), "lm_head": w("lm_head"),       # embed: [vocab, d], as lm_head
+               "norm": cp.ones((d,), cp.float32), "layers": layers}
     model = LlamaModel(cfg, weights, cp, "gpu", "float16", "float16")
     cache = model.new_cache(B, L_max)
     _fill_random_kv(cp, model, cache, L)
@@ -875,12 +884,6 @@ def _fill_random_kv(cp, model, cache, L):
             kv[...] = random_array(cp, kv.shape, model.kv_dtype).view(kv.dtype)
     cache.lengths[...] = L
     cache.length = L
-
-
-def weight_shapes(m: ModelShape) -> dict[str, tuple[int, int]]:
-    """The decode step's weight matrices [N, K] (llama_min's fused QKV and gate/up layout)."""
-    d, HD, KD, I = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
-    return {"qkv": (HD + 2 * KD, d), "o": (d, HD), "gate_up": (2 * I, d), "down": (d, I), "lm_head": (m.vocab, d)}
 
 
 PRODUCT_METHODS = ("cublas", "gemv", "gemv-rows")      # gemv = decoder_ops v2 "split", gemv-rows = v1
