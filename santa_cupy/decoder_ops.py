@@ -15,12 +15,12 @@ import functools
 
 import numpy as np
 
-from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch, set_programmatic_launch  # noqa: F401
+from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
+from santa_cupy.kernels import THREADS as GEMV_THREADS      # gemv.cu blocks: SC_NTHREADS
 
 SOURCE_FILES = ("common.cuh", "gemv.cu", "decoder.cu")
 THREADS = 256                    # SC_DECODER_THREADS (decoder.cu)
 RMS_THREADS = 1024               # SC_RMS_THREADS
-GEMV_THREADS = 128               # SC_NTHREADS (gemv.cu)
 GEMV_DTYPES = ("float16", "bfloat16")
 GEMV_TOKENS = (1, 2, 4)          # gemv instances by NB: n tokens take the smallest NB >= n
 # llama_min's default: gemv for one token, cuBLAS beyond (bench products, H200: gemv 1.00-1.22x
@@ -31,7 +31,7 @@ GEMV_KERNELS = {"split": "gemv_split", "rows": "gemv_rows"}     # v2 (default), 
 GEMV_ROWS_PER_BLOCK = {"split": GEMV_ROWS, "rows": (GEMV_THREADS // 32) * GEMV_ROWS}
 PRODUCT_DTYPES = ("float32", "float16")          # a weight product's output (matmul dtype, or f32)
 KV_DTYPES = tuple(STORAGE_TYPE)                  # float32, float16, bfloat16
-SILU_BLOCKS = 264                # silu_mul's grid: 2 blocks per H200 SM, grid-stride beyond
+SILU_BLOCKS_PER_SM = 2           # silu_mul's grid, grid-stride beyond
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,6 +65,13 @@ def _module():
 def _kernel(key: tuple):
     """One instance (cached: no module lookups per decode step)."""
     return _module().get_function(instance_names()[key])
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
 def _dtype_name(a, kv_dtype: str | None = None) -> str:
@@ -173,6 +180,6 @@ def silu_mul(gu, out_dtype, out=None):
     N, I = gu.shape[0], gu.shape[1] // 2
     a = _check_out(out, (N, I), o, "silu_mul")
     total = N * I
-    blocks = max(1, min(SILU_BLOCKS, -(-total // THREADS)))
+    blocks = max(1, min(SILU_BLOCKS_PER_SM * _sm_count(), -(-total // THREADS)))
     launch(_kernel(("silu_mul", p, o)), (blocks,), (gu, a, np.int32(I), np.int64(total)), threads=THREADS)
     return a

@@ -4,7 +4,7 @@ santa_cupy.reference (marker gpu)."""
 import numpy as np
 import pytest
 
-from santa_cupy import decoder_ops, reference, spec
+from santa_cupy import decoder_ops, kernels, reference, spec
 from tests.gpu_util import rel_l2, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -54,7 +54,7 @@ def test_rope_append_is_bit_identical_to_reference(product, kv_dtype, N, H, KVH,
 @pytest.mark.parametrize("out_dtype", decoder_ops.PRODUCT_DTYPES)
 @pytest.mark.parametrize("N,I", [(1, 1), (1, 7), (5, 1536), (2, 14336), (1, 70001)])
 def test_silu_mul_matches_reference(product, out_dtype, N, I):
-    """70001 x 1 outputs run past the grid's one pass (264 x 256 threads): the grid-stride loop."""
+    """70001 x 1 outputs run past the grid's one pass (2 blocks an SM x 256 threads): the grid-stride loop."""
     import cupy
     gu = (np.random.default_rng(N + I).standard_normal((N, 2 * I)) * 4).astype(product)
     a = decoder_ops.silu_mul(cupy.asarray(gu), out_dtype)
@@ -164,7 +164,7 @@ def test_programmatic_launch_gives_the_same_chain():
         return q
 
     def run(programmatic):
-        assert decoder_ops.set_programmatic_launch(programmatic) == programmatic
+        assert kernels.set_programmatic_launch(programmatic) == programmatic
         try:
             x = x0.copy()
             k, v = cupy.zeros((1, L_max, KVH, D), cupy.float16), cupy.zeros((1, L_max, KVH, D), cupy.float16)
@@ -179,7 +179,7 @@ def test_programmatic_launch_gives_the_same_chain():
             stream.synchronize()
             return [a.get() for a in (q, x, k, v)]
         finally:
-            decoder_ops.set_programmatic_launch(False)
+            kernels.set_programmatic_launch(False)
 
     plain, programmatic = run(False), run(True)
     for got, want in zip(programmatic, plain):
