@@ -381,6 +381,18 @@ def test_gpu_matches_reference(tmp_path, dtype, tol):
     assert int(cache.lengths[0]) == len(ids) == cache.length
 
 
+def _two_prefilled_caches(model, cfg, *, batch, prompt_len, n_steps, max_len, seed):
+    """(decode tokens [n_steps, batch], cache, cache): one random prompt prefilled into two caches,
+    for comparing two ways of decoding the same steps."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, cfg["vocab_size"], size=(batch, prompt_len))
+    steps = rng.integers(0, cfg["vocab_size"], size=(n_steps, batch))
+    c1, c2 = model.new_cache(batch, max_len), model.new_cache(batch, max_len)
+    model.prefill(prompt, c1)
+    model.prefill(prompt, c2)
+    return steps, c1, c2
+
+
 @gpu
 @pytest.mark.parametrize("method,dtype", [("dense", "float32"), ("santa", "float32"), ("santa", "float16"),
                                           ("dense", "bfloat16")])
@@ -390,12 +402,7 @@ def test_graph_decoder_matches_eager(tmp_path, method, dtype):
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
     att = AttentionConfig(method=method, samples=64, seed=3)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, cfg["vocab_size"], size=(2, 9))
-    steps = rng.integers(0, cfg["vocab_size"], size=(6, 2))
-    c1, c2 = model.new_cache(2, 20), model.new_cache(2, 20)
-    model.prefill(prompt, c1)
-    model.prefill(prompt, c2)
+    steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=2, prompt_len=9, n_steps=6, max_len=20, seed=0)
     eager = [cp.asnumpy(model.decode(t, c1, att)) for t in steps]
     gd = GraphDecoder(model, c2, att)
     graph = [cp.asnumpy(gd.replay(t)) for t in steps]
@@ -441,12 +448,7 @@ def test_graph_decoder_with_gemv_matches_eager(tmp_path):
     from llama_min.model import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")
-    rng = np.random.default_rng(5)
-    prompt = rng.integers(0, cfg["vocab_size"], size=(3, 7))
-    steps = rng.integers(0, cfg["vocab_size"], size=(4, 3))
-    c1, c2 = model.new_cache(3, 16), model.new_cache(3, 16)
-    model.prefill(prompt, c1)
-    model.prefill(prompt, c2)
+    steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=3, prompt_len=7, n_steps=4, max_len=16, seed=5)
     eager = [cp.asnumpy(model.decode(t, c1)) for t in steps]
     with GraphDecoder(model, c2, gemv=True) as gd:
         assert type(gd.gemm).__name__ == "_GemvFirst"
