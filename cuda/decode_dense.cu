@@ -246,18 +246,23 @@ decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const
 //              2 n-tiles of 8 keys, D/16 k-steps;
 //   O += P V   rows = heads, k = the 16 keys (P reused from S's accumulators, FA2 style),
 //              D/8 n-tiles of output dims.
-// Loads stay 16-byte vectors by permuting the reduction and output orders consistently:
-//   q.K: thread t of a group loads elements [t*D/4, (t+1)*D/4) of its key (and of its head's
-//        query); k-step s uses elements 4s..4s+3 of that slice, i.e. its words 2s and 2s+1.
-//   P.V: output n-tile j, column n holds dim n*(D/8) + j, so the thread of group n loads dims
-//        [n*D/8, (n+1)*D/8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs their halves (byte_perm).
+// Loads stay 16-byte vectors by permuting the reduction and output orders consistently, and each
+// load instruction reads whole 32-byte sectors (no sector fetched by two instructions):
+//   q.K: thread t of a group loads quads t, t + 4, ... of its key (and of its head's query),
+//        MmaQuery's slice; k-step s uses words 2s and 2s+1 of that slice.
+//   P.V: the thread of group n loads quads n, n + 8 (D 128; quad n at D 64) of keys 2t, 2t+1,
+//        2t+8, 2t+9: slice element j is dim v_slice_dim(n, j), which output n-tile j's column n
+//        holds; the halves of key pairs are paired by byte_perm.
 // P is rounded to T for the second product (as FlashAttention does); l sums the unrounded p.
 // Each warp keeps two register buffers of K/V slices: step i+1's loads fly while step i computes.
 // The K and V slices one thread holds for one 16-key step.
+// Dim of element j of V-slice n (quads n, n + 8 of the row, 8 dims each).
+__device__ __forceinline__ int v_slice_dim(int n, int j) { return 64 * (j >> 3) + 8 * n + (j & 7); }
+
 template <int D>
 struct MmaStepLoads {
     u32 k[2][D / 8];          // keys base + 8j + gi, elements [t*D/4, (t+1)*D/4)
-    u32 v[4][D / 16];         // keys base + 2t + {0, 1, 8, 9}, dims [gi*D/8, (gi+1)*D/8)
+    u32 v[4][D / 16];         // keys base + 2t + {0, 1, 8, 9}, V-slice gi (quads gi, gi + 8)
 };
 
 template <typename T, int D>
@@ -269,7 +274,7 @@ __device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const T* k_ca
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
-        load_words<D / 16>(ld.v[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH) + gi * (D / 8),
+        load_quads<D / 16>(ld.v[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH), gi, 8,
                            key < row_end);
     }
 }
@@ -323,7 +328,7 @@ struct MmaDenseState {
         if (kHi) l_hi = l_hi * alpha_hi + (p[0][2] + p[0][3] + p[1][2] + p[1][3]);
         const u32 pa[4] = {pack2<T>(p[0][0], p[0][1]), kHi ? pack2<T>(p[0][2], p[0][3]) : 0u,
                            pack2<T>(p[1][0], p[1][1]), kHi ? pack2<T>(p[1][2], p[1][3]) : 0u};
-        // n-tile j = dims n*(D/8) + j of the group-n thread's V slice
+        // n-tile j, column n = dim v_slice_dim(n, j)
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             o[j][0] *= alpha_lo; o[j][1] *= alpha_lo;
@@ -399,8 +404,8 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
         if (h >= G || (half == 1 && !State::kHi)) continue;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            acc_s[(warp * G + h) * D + (2 * t) * (D / 8) + j] = st.o[j][2 * half];
-            acc_s[(warp * G + h) * D + (2 * t + 1) * (D / 8) + j] = st.o[j][2 * half + 1];
+            acc_s[(warp * G + h) * D + v_slice_dim(2 * t, j)] = st.o[j][2 * half];
+            acc_s[(warp * G + h) * D + v_slice_dim(2 * t + 1, j)] = st.o[j][2 * half + 1];
         }
         if (t == 0) {
             m_s[warp * G + h] = half ? st.m_hi : st.m_lo;

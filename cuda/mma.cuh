@@ -41,22 +41,27 @@ __device__ __forceinline__ u32 pair_halves(u32 x, u32 y, int half) {
     return __byte_perm(x, y, half ? 0x7632 : 0x5410);
 }
 
-// n consecutive 32-bit words from global memory as 16-byte loads (n a multiple of 4), or zeros.
+// N 32-bit words of a row as N/4 16-byte loads: quads first, first + stride, first + 2 stride, ...
+// of the row (a quad = 16 bytes), or zeros.
 template <int N>
-__device__ __forceinline__ void load_words(u32 (&w)[N], const void* src, bool valid) {
+__device__ __forceinline__ void load_quads(u32 (&w)[N], const void* row, int first, int stride, bool valid) {
     static_assert(N % 4 == 0, "whole 16-byte loads");
-    const uint4* p = reinterpret_cast<const uint4*>(src);
+    const uint4* p = reinterpret_cast<const uint4*>(row) + first;
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
-        const uint4 x = valid ? p[i] : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 x = valid ? p[i * stride] : make_uint4(0u, 0u, 0u, 0u);
         w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
     }
 }
 
 // ---- Q K^T for the G <= 16 query heads of a KV group (decode_dense_mma, santa_score_mma) ------
-// Thread (gi, t) holds elements [t*D/4, (t+1)*D/4) of its query rows gi and gi + 8 (zero past G)
-// and of the keys it loads; k-step ks of the m16n8k16 product uses words 2ks and 2ks + 1 of those
-// slices, so the dot products pair the same dims in A and B while every load is a 16-byte vector.
+// Thread (gi, t) holds the slice "quads t, t + 4, t + 8, ..." (D/32 quads of 16 bytes) of its query
+// rows gi and gi + 8 (zero past G) and of the keys it loads; k-step ks of the m16n8k16 product
+// uses words 2ks and 2ks + 1 of the slice, so the dot products pair the same dims in A and B while
+// every load is a 16-byte vector. Interleaving the quads (not [t*D/4, (t+1)*D/4)) makes one load
+// instruction of a group's 4 threads read 64 contiguous bytes, two whole 32-byte sectors: no sector
+// is requested by two instructions (the contiguous slices doubled the L1 sector requests;
+// BENCHMARKS.md, step 11).
 template <typename T, int D, int G>
 struct MmaQuery {
     static constexpr bool kHi = G > 8;       // rows 8..15 of the tile hold heads too
@@ -65,8 +70,8 @@ struct MmaQuery {
 
     // head0 = b * H + g * G, the flat (b, h) index of the group's first head.
     __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t) {
-        load_words<KW>(lo, q + (head0 + gi) * D + t * (D / 4), gi < G);
-        if (kHi) load_words<KW>(hi, q + (head0 + gi + 8) * D + t * (D / 4), gi + 8 < G);
+        load_quads<KW>(lo, q + (head0 + gi) * D, t, 4, gi < G);
+        if (kHi) load_quads<KW>(hi, q + (head0 + gi + 8) * D, t, 4, gi + 8 < G);
         else {
 #pragma unroll
             for (int i = 0; i < KW; ++i) hi[i] = 0u;
@@ -85,19 +90,13 @@ struct MmaQuery {
     }
 };
 
-// Where thread t of a group finds its slice of key `key` for MmaQuery::scores: the key's row, or
-// row `fallback` where key >= row_end (only to form a valid address: such a key reads as zeros).
-template <typename T, int D>
-__device__ __forceinline__ const T* key_slice(const T* k_cache, i64 b, i64 key, i64 row_end, i64 fallback, int g,
-                                              i64 L_max, int KVH, int t) {
-    return cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH) + t * (D / 4);
-}
-
-// That slice into registers (zeros past row_end).
+// Thread t's slice (MmaQuery) of key `key` into registers: zeros where key >= row_end, whose
+// address is formed from row `fallback` (a valid row) and not read.
 template <typename T, int D>
 __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache, i64 b, i64 key, i64 row_end,
                                                i64 fallback, int g, i64 L_max, int KVH, int t) {
-    load_words<D / 8>(w, key_slice<T, D>(k_cache, b, key, row_end, fallback, g, L_max, KVH, t), key < row_end);
+    load_quads<D / 8>(w, cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH), t, 4,
+                      key < row_end);
 }
 
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
@@ -181,9 +180,10 @@ struct KeyRun {
 // own slices, 16 of every 32-byte sector per request) measured 2x slower than KeyRun (BENCHMARKS.md,
 // step 9). So a thread reads back quads other lanes copied: __syncwarp after the group wait, and
 // before a slot is refilled. Ring layout per warp: [kDepth][16 keys][QR quads], quad q of key
-// row r stored at q ^ swizzle(r, q), so that both the copies (8 consecutive quads of one row) and
-// the read-back (lanes 4 gi + tq: rows gi, gi + 1 of a quarter-warp, quads tq * KQ + qd) hit 8
-// distinct 16-byte bank groups per quarter-warp. kDepth x 16 keys x D x 2 bytes (4 KB a step at D 128).
+// row r stored at swizzle(r, q) = q ^ 4 (r & 1), so that both the copies (8 consecutive quads of one
+// row) and the read-back (lanes 4 gi + tq: rows gi, gi + 1 of a quarter-warp, quads 4 qd + tq, the
+// MmaQuery slice) hit 8 distinct 16-byte bank groups per quarter-warp. kDepth x 16 keys x D x 2
+// bytes (4 KB a step at D 128).
 //   KeyRing<T, D, BN, kDepth> kr;  kr.start(ring, ...first tile...);  then as KeyRun::score_tile.
 template <typename T, int D, int BN, int kDepth>
 struct KeyRing {
@@ -191,13 +191,13 @@ struct KeyRing {
     static constexpr int QR = D * (int)sizeof(T) / 16;               // quads of a key row
     static constexpr int kCopies = 16 * QR / 32;                      // a lane's copies a step
     static_assert(kDepth >= 2 && kDepth - 1 <= NSTEP, "the look-ahead stays within the next tile");
-    static_assert(QR >= 8 && QR <= 64 && 16 * QR % 32 == 0, "swizzle covers rows of 8 to 64 quads");
+    static_assert(QR % 8 == 0 && 16 * QR % 32 == 0, "rows of whole 128-byte lines");
     uint4* ring;                                        // this warp's slot 0
 
     static constexpr int kBytesPerWarp = kDepth * 16 * QR * 16;
 
-    // Bits 0-2 of the stored quad: row parity and the quad's bits 3-4 (a bijection on q for each r).
-    __device__ __forceinline__ static int swizzle(int r, int q) { return q ^ (((r & 1) | ((q >> 3) << 1)) & 7); }
+    // Odd rows swap the two halves of each 128-byte line (a bijection on q for each r).
+    __device__ __forceinline__ static int swizzle(int r, int q) { return q ^ ((r & 1) << 2); }
     __device__ __forceinline__ uint4* quad(int step, int r, int q) const {
         return ring + ((step % kDepth) * 16 + r) * QR + swizzle(r, q);
     }
@@ -251,7 +251,7 @@ struct KeyRing {
                 u32 w[KW];
 #pragma unroll
                 for (int qd = 0; qd < KQ; ++qd) {
-                    const uint4 x = *quad(k, 8 * j + gi, tq * KQ + qd);
+                    const uint4 x = *quad(k, 8 * j + gi, 4 * qd + tq);
                     w[4 * qd] = x.x; w[4 * qd + 1] = x.y; w[4 * qd + 2] = x.z; w[4 * qd + 3] = x.w;
                 }
                 float s[4];
