@@ -416,9 +416,9 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     write_split_partials<D, G, kWarps>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
     if (!self_merge) return;                               // santa_merge runs next
     // self_merge: the last of the group's splits holding rows (ceil(n / part_rows)) merges its G
-    // heads, a warp per head, from the partials the others left in L2. One launch instead of two,
-    // but one warp's serial pass over the splits: the plan asks for it only for a few splits a
-    // group (kernels.DENSE_SELF_MERGE_MAX_SPLITS; BENCHMARKS.md, step 9).
+    // heads, a warp per head, from the partials the others left in L2 (up to 32 of them in one
+    // round trip, merge.cuh). One launch instead of two: the plan asks for it up to
+    // kernels.DENSE_SELF_MERGE_MAX_SPLITS splits a group (BENCHMARKS.md, steps 9 and 11).
     const int n = seq_len(lengths, b, L_max);
     const int active = (n + part_rows - 1) / part_rows;
     if (!block_arrives_last(merge_counters + b * KVH + g, (unsigned)active)) return;

@@ -62,40 +62,65 @@ __device__ __forceinline__ bool block_arrives_last(unsigned* counter, unsigned e
 // One warp merges head bh's n_parts dense split partials (merge kind dense: o = sum_p e^(m_p - m*)
 // part_o_p / Z) into out[bh], lse[bh] (spread 0). Reads through L2 (__ldcg): other blocks wrote
 // the partials during this kernel. part_o [.., P_max, D], part_s [.., P_max] of head bh.
+// Up to 32 parts every load is issued at once (one L2 round trip: lane p holds part p's stats and
+// every lane its D/32 floats of each part); more parts go U = 8 at a time after a pass over the stats.
 template <typename T, int D>
 __device__ __forceinline__ void warp_merge_dense_head(const float* part_o, const float4* part_s, int n_parts,
                                                       i64 bh, T* out, float* lse, float* spread) {
-    constexpr int E = D / 32, U = 8;                    // floats per lane; partials in flight
+    constexpr int E = D / 32, U = 8;                    // floats per lane; partials in flight (> 32 parts)
     const int lane = threadIdx.x & 31;
     float m_star = -SC_INF, z = 0.f;
-    for (int p = lane; p < n_parts; p += 32) {
-        const float4 s4 = __ldcg(part_s + p);
-        lse_push(m_star, z, s4.x, s4.y);
-    }
-    warp_lse(m_star, z);
     float o[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) o[e] = 0.f;
-    for (int p0 = 0; p0 < n_parts; p0 += U) {
-        float w[U], v[U][E];
+    if (n_parts <= 32) {
+        const float4 mine = lane < n_parts ? __ldcg(part_s + lane) : make_float4(-SC_INF, 0.f, 0.f, 0.f);
+        float v[32][E];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {                   // issue every load first
-            const int p = p0 + u;
-            w[u] = 0.f;
+        for (int p = 0; p < 32; ++p) {
+            if (p < n_parts) load_lane<E, true>(part_o + (i64)p * D + lane * E, v[p]);
+            else
 #pragma unroll
-            for (int e = 0; e < E; ++e) v[u][e] = 0.f;
-            if (p < n_parts) {
-                const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_s + p));
-                if (ml.y > 0.f) w[u] = __expf(ml.x - m_star) / z;
-                load_lane<E, true>(part_o + (i64)p * D + lane * E, v[u]);
+                for (int e = 0; e < E; ++e) v[p][e] = 0.f;
+        }
+        lse_push(m_star, z, mine.x, mine.y);
+        warp_lse(m_star, z);
+        const float w_mine = mine.y > 0.f ? __expf(mine.x - m_star) / z : 0.f;
+#pragma unroll
+        for (int p = 0; p < 32; ++p) {
+            const float w = __shfl_sync(0xffffffffu, w_mine, p);
+            if (w != 0.f) {                             // never 0 x an unwritten (NaN) partial
+#pragma unroll
+                for (int e = 0; e < E; ++e) o[e] = fmaf(w, v[p][e], o[e]);
             }
         }
+    } else {
+        for (int p = lane; p < n_parts; p += 32) {
+            const float4 s4 = __ldcg(part_s + p);
+            lse_push(m_star, z, s4.x, s4.y);
+        }
+        warp_lse(m_star, z);
+        for (int p0 = 0; p0 < n_parts; p0 += U) {
+            float w[U], v[U][E];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (w[u] != 0.f) {                          // never 0 x an unwritten (NaN) partial
+            for (int u = 0; u < U; ++u) {               // issue every load first
+                const int p = p0 + u;
+                w[u] = 0.f;
 #pragma unroll
-                for (int e = 0; e < E; ++e) o[e] = fmaf(w[u], v[u][e], o[e]);
+                for (int e = 0; e < E; ++e) v[u][e] = 0.f;
+                if (p < n_parts) {
+                    const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_s + p));
+                    if (ml.y > 0.f) w[u] = __expf(ml.x - m_star) / z;
+                    load_lane<E, true>(part_o + (i64)p * D + lane * E, v[u]);
+                }
             }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (w[u] != 0.f) {                      // never 0 x an unwritten (NaN) partial
+#pragma unroll
+                    for (int e = 0; e < E; ++e) o[e] = fmaf(w[u], v[u][e], o[e]);
+                }
+        }
     }
 #pragma unroll
     for (int e = 0; e < E; ++e) out[bh * D + lane * E + e] = from_float<T>(o[e]);

@@ -4,7 +4,7 @@ NumPy inputs run the float64 reference (santa_cupy.reference); CuPy inputs (or a
 speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ through a DecodePlan.
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
-  dense:  decode_dense_mma (split-KV; with <= 8 splits a KV group its last block merges, else
+  dense:  decode_dense_mma (split-KV; with <= 32 splits a KV group its last block merges, else
           -> santa_merge), or decode_dense_partial / _async (split-KV) -> santa_merge
   santa, warp pass 2 (systematic sampler, G <= 8; every budget):
         santa_score (stash + tile stats) -> santa_prefix -> santa_tile_warp -> santa_merge

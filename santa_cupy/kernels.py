@@ -123,10 +123,10 @@ def row_groups(head_dim: int) -> int:
 
 
 DENSE_STAGES = 4            # SC_STAGES (async_copy.cuh)
-# decode_dense_mma merges in its own last block per KV group (one warp per head, serially over the
-# splits) up to this many splits a group; above, santa_merge's 16 warps per head are faster. H200
-# (BENCHMARKS.md, step 9): B=16 (2 splits) 1-4% faster, B=4 (8) even, B=1 (32) 6 us slower.
-DENSE_SELF_MERGE_MAX_SPLITS = 8
+# decode_dense_mma merges in its own last block per KV group (one warp per head, every partial's
+# load in flight at once) up to this many splits a group; above, santa_merge runs after it. H200
+# (BENCHMARKS.md, step 11): B=1 32k (32 splits) 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8.
+DENSE_SELF_MERGE_MAX_SPLITS = 32
 DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES: bytes of each operand per ring stage
 DENSE_KERNELS = ("auto", "stream", "async", "mma")   # v2 decode_dense_partial, v3 _async, v4 _mma
 MMA_DTYPES, MMA_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # decode_dense_mma's instances

@@ -73,17 +73,19 @@ def test_dense_mma_two_row_halves(G):
     assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
 
 
-def test_dense_merges_in_its_last_block():
+@pytest.mark.parametrize("L_max,splits", [(2000, None), (8000, 31)])
+def test_dense_merges_in_its_last_block(L_max, splits):
     """v4 dense merges in the last block of each KV group to finish (one launch, where a group has
-    <= 8 splits): right for lengths that leave most splits empty or fill them all, its counters
-    back at zero after every call, and the same from a captured graph replayed over new lengths.
-    (Above 8 splits santa_merge runs after it: test_dense_long_context_100k.)"""
+    <= 32 splits; a few, and 30 whose partials all load at once): right for lengths that leave most
+    splits empty or fill them all, its counters back at zero after every call, and the same from a
+    captured graph replayed over new lengths. (Above 32 splits santa_merge runs after it:
+    test_dense_long_context_100k.)"""
     import cupy
     rng = np.random.default_rng(5)
-    L_max = 2000                                 # <= 8 splits of >= 256 rows
     plan = _poisoned_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
-                          method="dense")
+                          method="dense", dense_splits=splits)
     assert plan.dense_merges_itself and 2 < plan.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS
+    assert splits is None or plan.P_max > 16
     q, k, v, _ = random_inputs(rng, 3, 8, 2, 128, L_max, [L_max] * 3, "bfloat16")
     qg, kg, vg = to_gpu(q, k, v)
     lengths = cupy.zeros((3,), cupy.int32)
@@ -118,8 +120,11 @@ def test_dense_long_context_100k(dtype):
     ref_o, _ = reference.dense_attention(q, k, v, lens)
     o = decode_attention(*to_gpu(q, k, v, lens), method="dense")
     assert rel_l2(_as_float(o), ref_o) < DENSE_TOL[dtype]
-    assert not DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
-                          method="dense").dense_merges_itself          # v4 + santa_merge above
+    # more splits than the self-merge takes: v4 + santa_merge
+    plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
+                      method="dense", dense_splits=48)
+    assert not plan.dense_merges_itself and plan.P_max > kernels.DENSE_SELF_MERGE_MAX_SPLITS
+    assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
     plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
                       method="dense", dense_kernel="async")
     assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
