@@ -13,6 +13,7 @@
 // Each kernel lets the next start early and waits for its predecessor before reading (common.cuh).
 // CPU references: santa_cupy/reference.py rms_norm, rope_append, silu_mul (tests/test_gpu_decoder.py).
 #include "common.cuh"
+#include "decoder_math.cuh"
 
 #define SC_DECODER_THREADS 256
 #define SC_RMS_THREADS 1024
@@ -64,17 +65,8 @@ rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const f
     const Tp* row = qkv + (i64)n * heads * D;
     for (int j = blockIdx.y * SC_DECODER_THREADS + threadIdx.x; j < heads * half; j += gridDim.y * SC_DECODER_THREADS) {
         const int h = j / half, i = j - h * half;
-        const float a = to_float(row[h * D + i]), b = to_float(row[h * D + i + half]);
-        if (h >= H + KVH) {                                   // v: copied
-            Tkv* dst = v_cache + ((n * L_max + p) * KVH + (h - H - KVH)) * D;
-            dst[i] = from_float<Tkv>(a);
-            dst[i + half] = from_float<Tkv>(b);
-            continue;
-        }
-        Tkv* dst = h < H ? q_out + ((i64)n * H + h) * D : k_cache + ((n * L_max + p) * KVH + (h - H)) * D;
-        const float c = cos_t[p * half + i], s = sin_t[p * half + i];
-        dst[i] = from_float<Tkv>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-        dst[i + half] = from_float<Tkv>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+        store_rope_pair<Tkv>(to_float(row[h * D + i]), to_float(row[h * D + i + half]), h, i, n, p, cos_t, sin_t,
+                             q_out, k_cache, v_cache, H, KVH, D, L_max);
     }
 }
 
@@ -88,8 +80,6 @@ silu_mul(const Tp* __restrict__ gu, To* __restrict__ a, int I, i64 total) {
     for (i64 e = (i64)blockIdx.x * SC_DECODER_THREADS + threadIdx.x; e < total;
          e += (i64)gridDim.x * SC_DECODER_THREADS) {
         const i64 n = e / I, i = e - n * I;
-        const float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]);
-        const float sig = __fmul_rn(0.5f, __fadd_rn(1.0f, tanhf(__fmul_rn(0.5f, g))));
-        a[e] = from_float<To>(__fmul_rn(__fmul_rn(g, sig), u));
+        a[e] = from_float<To>(silu_times(to_float(gu[n * 2 * I + i]), to_float(gu[n * 2 * I + I + i])));
     }
 }

@@ -13,7 +13,8 @@ I intermediate, V vocab, L_max cache capacity.
   on santa_cupy). The GPU step does no host synchronisation: positions are the device array
   `cache.lengths`, so `GraphDecoder` can capture it as a CUDA graph. Its RMSNorm, rotary + K/V
   append and SiLU * up are santa_cupy.decoder_ops kernels, the residual adds happen inside the
-  weight products (cuBLAS beta = 1, or gemv.cu's accumulate at batch 1 in GraphDecoder).
+  weight products (cuBLAS beta = 1, or gemv.cu's accumulate at batch 1 in GraphDecoder, where
+  rotary + K/V append and SiLU * up also ride in the QKV and gate/up products' launches).
 """
 
 from __future__ import annotations
@@ -412,21 +413,30 @@ class LlamaModel:
     def _decode_core_gpu(self, tokens, cache: KVCache, attn):
         """The same step on the GPU with ~10 launches a layer instead of ~60: RMSNorm, rotary + K/V
         append and SiLU * up are one kernel each (santa_cupy.decoder_ops), and the residual adds
-        happen inside the weight products (accumulate_into)."""
+        happen inside the weight products (accumulate_into). Where GraphDecoder's products are
+        gemv.cu's (_GemvFirst), the rotary + K/V append and SiLU * up ride in the QKV and gate/up
+        products' launches (bit-identical): 8 launches a layer."""
         from santa_cupy import decoder_ops as ops
         B, H, KVH, D = tokens.shape[0], self.H, self.KVH, self.D
         mm, eps = self.mm_dtype, self.cfg.rms_norm_eps
         pos = cache.lengths                                   # [B] int32: the new token's row
         lens = pos + 1
         x = self.w["embed"][tokens].astype(np.float32)       # [B, d] f32 residual stream
+        fused = self._gemm if hasattr(self._gemm, "product_rope") else None   # gemv.cu's epilogues
         for li, lw in enumerate(self.w["layers"]):
-            qkv = self._linear(ops.rms_norm(x, lw["attn_norm"], eps, mm), lw["wqkv"])   # [B, (H+2KVH)D]
-            q = ops.rope_append(qkv, self.cos, self.sin, pos, cache.k[li], cache.v[li], H, KVH, self.kv_dtype)
+            h = ops.rms_norm(x, lw["attn_norm"], eps, mm)
+            rope = (self.cos, self.sin, pos, cache.k[li], cache.v[li], H, KVH, self.kv_dtype)
+            q = fused.product_rope(h, lw["wqkv"], *rope) if fused else None          # [B, H, D] KV dtype
+            if q is None:
+                q = ops.rope_append(self._linear(h, lw["wqkv"]), *rope)             # via qkv [B, (H+2KVH)D]
             o = attn(li, q, cache.k[li], cache.v[li], lens).reshape(B, H * D)           # KV dtype
             o = o if self.kv_dtype == mm.name else self._from_kv(o, mm)
             self._linear(o, lw["wo"], accumulate_into=x)
-            gu = self._linear(ops.rms_norm(x, lw["mlp_norm"], eps, mm), lw["w_gu"])     # [B, 2I]
-            self._linear(ops.silu_mul(gu, mm), lw["w_down"], accumulate_into=x)
+            h = ops.rms_norm(x, lw["mlp_norm"], eps, mm)
+            a = fused.product_glu(h, lw["w_gu"], mm) if fused else None                # [B, I] mm
+            if a is None:
+                a = ops.silu_mul(self._linear(h, lw["w_gu"]), mm)                        # via gu [B, 2I]
+            self._linear(a, lw["w_down"], accumulate_into=x)
         return self._linear(ops.rms_norm(x, self.w["norm"], eps, mm), self.w["lm_head"], out_dtype=np.float32)
 
 
@@ -525,11 +535,28 @@ class _GemvFirst:
         from santa_cupy import decoder_ops
         self.cublas, self.ops, self.max_tokens = cublas, decoder_ops, max_tokens
 
+    def _fits(self, x, w) -> bool:
+        return (x.shape[0] <= self.max_tokens and w.dtype == np.float16 and x.dtype == w.dtype
+                and w.shape[1] % 8 == 0 and x.flags.c_contiguous and x.data.ptr % 16 == 0)
+
     def __call__(self, x, w, accumulate_into=None, out_dtype=None):
-        if (x.shape[0] <= self.max_tokens and w.dtype == np.float16 and x.dtype == w.dtype
-                and w.shape[1] % 8 == 0 and x.flags.c_contiguous and x.data.ptr % 16 == 0):
+        if self._fits(x, w):
             return self.ops.gemv(x, w, out=accumulate_into, accumulate=accumulate_into is not None)
         return self.cublas(x, w, accumulate_into=accumulate_into, out_dtype=out_dtype)
+
+    def product_rope(self, x, w, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype):
+        """q [n, heads, D] from the QKV product with the rotary + K/V append in the same launch
+        (decoder_ops.gemv_rope), or None where gemv does not take it (the caller falls back)."""
+        if not self._fits(x, w) or kv_dtype not in self.ops.GEMV_DTYPES:
+            return None
+        return self.ops.gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype)
+
+    def product_glu(self, x, w, out_dtype):
+        """silu(gate) * up [n, I] from the gate/up product in one launch (decoder_ops.gemv_glu), or
+        None where gemv does not take it."""
+        if not self._fits(x, w) or np.dtype(out_dtype) != w.dtype:
+            return None
+        return self.ops.gemv_glu(x, w)
 
     def close(self):
         self.cublas.close()

@@ -1,6 +1,7 @@
 """The decoder's own kernels (cuda/gemv.cu, cuda/decoder.cu), for llama_min's GPU decode step and
 ``bench e2e``: weight products for a few tokens, and the small steps between them (RMSNorm,
-rotary + K/V append, SiLU * up) as one launch each.
+rotary + K/V append, SiLU * up) as one launch each, or the last two inside the product before them
+(gemv_rope, gemv_glu).
 
 One module holds every instance (``instance_names``); CI compiles it for every architecture
 (tools/compile_kernels.py). All functions take CuPy arrays, launch on the current stream and never
@@ -18,7 +19,7 @@ import numpy as np
 from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
 from santa_cupy.kernels import THREADS as GEMV_THREADS      # gemv.cu blocks: SC_NTHREADS
 
-SOURCE_FILES = ("common.cuh", "gemv.cu", "decoder.cu")
+SOURCE_FILES = ("common.cuh", "decoder_math.cuh", "gemv.cu", "decoder.cu")
 THREADS = 256                    # SC_DECODER_THREADS (decoder.cu)
 RMS_THREADS = 1024               # SC_RMS_THREADS
 GEMV_DTYPES = ("float16", "bfloat16")
@@ -36,11 +37,14 @@ SILU_BLOCKS_PER_SM = 2           # silu_mul's grid, grid-stride beyond
 
 @functools.lru_cache(maxsize=None)
 def instance_names() -> dict[tuple, str]:
-    """Every template instance of the module, by key: (gemv kernel, dtype, nb), ("rms_norm", out),
-    ("rope_append", product, kv), ("silu_mul", product, out)."""
+    """Every template instance of the module, by key: (gemv kernel, dtype, nb), ("gemv_rope", dtype, kv, nb),
+    ("gemv_glu", dtype, nb), ("rms_norm", out), ("rope_append", product, kv), ("silu_mul", product, out)."""
     t = STORAGE_TYPE
     names = {(k, d, nb): f"{fn}<{t[d]}, {nb}>" for k, fn in GEMV_KERNELS.items() for d in GEMV_DTYPES
              for nb in GEMV_TOKENS}
+    names |= {("gemv_rope", d, kv, nb): f"gemv_rope<{t[d]}, {t[kv]}, {nb}>" for d in GEMV_DTYPES
+              for kv in GEMV_DTYPES for nb in GEMV_TOKENS}
+    names |= {("gemv_glu", d, nb): f"gemv_glu<{t[d]}, {t[d]}, {nb}>" for d in GEMV_DTYPES for nb in GEMV_TOKENS}
     names |= {("rms_norm", o): f"rms_norm<{t[o]}>" for o in PRODUCT_DTYPES}
     names |= {("rope_append", p, kv): f"rope_append<{t[p]}, {t[kv]}>" for p in PRODUCT_DTYPES for kv in KV_DTYPES}
     names |= {("silu_mul", p, o): f"silu_mul<{t[p]}, {t[o]}>" for p in PRODUCT_DTYPES for o in PRODUCT_DTYPES}
@@ -102,22 +106,72 @@ def gemv(x, w, out=None, accumulate=False, kernel="split"):
     n <= max(GEMV_TOKENS), K % 8 == 0. kernel: a key of GEMV_KERNELS (v2 "split", v1 "rows")."""
     import cupy
 
-    dtype_name = "float16" if w.dtype == cupy.float16 else "bfloat16"
+    dtype_name, nb = _gemv_operands(x, w, "gemv")
     n, K = x.shape
     N = w.shape[0]
-    if x.dtype != w.dtype or w.dtype.itemsize != 2 or w.shape[1] != K or K % 8 or not 1 <= n <= GEMV_TOKENS[-1] \
-            or not (x.flags.c_contiguous and w.flags.c_contiguous) or x.data.ptr % 16 or w.data.ptr % 16:
-        raise ValueError(f"gemv needs C-contiguous, 16-byte aligned 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and "
-                         f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
     if accumulate and out is None:
         raise ValueError("gemv: accumulate=True needs out (the array to add to)")
     if kernel not in GEMV_KERNELS:
         raise ValueError(f"gemv: kernel must be one of {tuple(GEMV_KERNELS)}, got {kernel!r}")
-    nb = next(b for b in GEMV_TOKENS if b >= n)
     y = _check_out(out, (n, N), cupy.float32, "gemv")
     launch(_kernel((kernel, dtype_name, nb)), (-(-N // GEMV_ROWS_PER_BLOCK[kernel]),),
            (w, x, y, np.int32(N), np.int32(K), np.int32(n), np.int32(bool(accumulate))), threads=GEMV_THREADS)
     return y
+
+
+def _gemv_operands(x, w, what: str):
+    """(dtype name, NB instance) of a gemv product x [n, K] @ w [N, K].T, or ValueError."""
+    n, K = x.shape
+    if x.dtype != w.dtype or w.dtype.itemsize != 2 or w.ndim != 2 or w.shape[1] != K or K % 8 \
+            or not 1 <= n <= GEMV_TOKENS[-1] or not (x.flags.c_contiguous and w.flags.c_contiguous) \
+            or x.data.ptr % 16 or w.data.ptr % 16:
+        raise ValueError(f"{what} needs C-contiguous, 16-byte aligned 16-bit x [n <= {GEMV_TOKENS[-1]}, K] and "
+                         f"w [N, K] of one dtype with K % 8 == 0, got x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
+    return ("float16" if w.dtype == np.float16 else "bfloat16"), next(b for b in GEMV_TOKENS if b >= n)
+
+
+def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None):
+    """The QKV product and the rotary + K/V append in one launch: what gemv(x, w) followed by
+    rope_append(y, ...) does, bit for bit, without the float32 product in between.
+
+    x [n, K] and w [(heads + 2 kv_heads) D, K] as for gemv; cos, sin, pos, the caches (float16, or
+    bfloat16 as uint16 bits: kv_dtype) and q_out as for rope_append -> q [n, heads, D]."""
+    import cupy
+
+    dtype_name, nb = _gemv_operands(x, w, "gemv_rope")
+    n = x.shape[0]
+    L_max, D = k_cache.shape[1], k_cache.shape[-1]
+    P = cos.shape[0]
+    kv = _dtype_name(k_cache, kv_dtype)
+    ok = (kv in GEMV_DTYPES and D % 2 == 0 and w.shape[0] == (heads + 2 * kv_heads) * D
+          and k_cache.shape == (n, L_max, kv_heads, D) and v_cache.shape == k_cache.shape
+          and v_cache.dtype == k_cache.dtype and cos.shape == (P, D // 2) and sin.shape == cos.shape
+          and cos.dtype == cupy.float32 and sin.dtype == cupy.float32 and pos.shape == (n,)
+          and pos.dtype == cupy.int32 and all(a.flags.c_contiguous for a in (cos, sin, pos, k_cache, v_cache)))
+    if not ok:
+        raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], caches [n, L_max, KVH, D] of float16/bfloat16 "
+                         f"({kv_dtype}), cos/sin [P, D/2] float32, pos [n] int32; got w {w.shape}, k "
+                         f"{k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos {cos.dtype} {cos.shape}, pos "
+                         f"{pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
+    q = _check_out(q_out, (n, heads, D), k_cache.dtype, "gemv_rope")
+    launch(_kernel(("gemv_rope", dtype_name, kv, nb)), (w.shape[0] // 2,),
+           (w, x, np.int32(x.shape[1]), np.int32(n), cos, sin, pos, q, k_cache, v_cache, np.int32(heads),
+            np.int32(kv_heads), np.int32(D), np.int64(L_max)), threads=GEMV_THREADS)
+    return q
+
+
+def gemv_glu(x, w, out=None):
+    """The gate/up product and SiLU * up in one launch: what silu_mul(gemv(x, w), w.dtype) does, bit
+    for bit, without the float32 product in between. x [n, K], w [2 I, K] (gate rows, then up rows)
+    as for gemv -> a [n, I] of w's dtype."""
+    dtype_name, nb = _gemv_operands(x, w, "gemv_glu")
+    if w.shape[0] % 2:
+        raise ValueError(f"gemv_glu needs w [2 I, K] (gate rows, then up rows), got w {w.shape}")
+    n, I = x.shape[0], w.shape[0] // 2
+    a = _check_out(out, (n, I), w.dtype, "gemv_glu")
+    launch(_kernel(("gemv_glu", dtype_name, nb)), (I,), (w, x, a, np.int32(I), np.int32(x.shape[1]), np.int32(n)),
+           threads=GEMV_THREADS)
+    return a
 
 
 def rms_norm(x, w, eps: float, out_dtype, out=None):

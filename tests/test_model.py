@@ -1,5 +1,6 @@
 """llama_min model: a tiny random Llama written to tmp_path vs an independent float64 formula."""
 
+import collections
 import json
 import math
 import struct
@@ -456,6 +457,39 @@ def test_graph_decoder_with_gemv_matches_eager(tmp_path):
     for g, e in zip(graph, eager):
         _close(g, e, 1e-2)
     _close(cp.asnumpy(c2.k[1]).astype(np.float32), cp.asnumpy(c1.k[1]).astype(np.float32), 1e-2)
+
+
+@gpu
+def test_graph_decoder_fused_epilogues_are_bit_identical(tmp_path, monkeypatch):
+    """With gemv.cu's products, the rotary + K/V append and SiLU * up ride in the QKV and gate/up
+    launches (gemv_rope, gemv_glu; no rope_append or silu_mul launch in the step): the logits and
+    the appended K/V are those of the same step with the two separate launches, bit for bit."""
+    cp = _cupy()
+    from llama_min.model import GraphDecoder, _GemvFirst
+    from santa_cupy import decoder_ops
+    path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
+    model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")
+    steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=3, prompt_len=7, n_steps=4, max_len=16, seed=6)
+    calls = collections.Counter()
+    for name in ("rope_append", "silu_mul", "gemv_rope", "gemv_glu"):
+        def counted(*a, _f=getattr(decoder_ops, name), _n=name, **kw):
+            calls[_n] += 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(decoder_ops, name, counted)
+    with GraphDecoder(model, c1, gemv=True) as gd:
+        fused = [cp.asnumpy(gd.replay(t)) for t in steps]
+    assert calls["gemv_rope"] > 0 and calls["gemv_rope"] == calls["gemv_glu"]
+    assert calls["rope_append"] == calls["silu_mul"] == 0
+    monkeypatch.setattr(_GemvFirst, "product_rope", lambda self, *a: None)
+    monkeypatch.setattr(_GemvFirst, "product_glu", lambda self, *a: None)
+    with GraphDecoder(model, c2, gemv=True) as gd:
+        separate = [cp.asnumpy(gd.replay(t)) for t in steps]
+    assert calls["rope_append"] > 0 and calls["silu_mul"] > 0
+    for a, b in zip(fused, separate):
+        np.testing.assert_array_equal(a, b)
+    for layer in range(cfg["num_hidden_layers"]):
+        np.testing.assert_array_equal(cp.asnumpy(c1.k[layer]), cp.asnumpy(c2.k[layer]))
+        np.testing.assert_array_equal(cp.asnumpy(c1.v[layer]), cp.asnumpy(c2.v[layer]))
 
 
 @gpu

@@ -3,8 +3,8 @@
     ncu --clock-control none --csv --metrics gpu__time_duration.sum python3 bench.py e2e --layers 2 ... > k.csv
     python3 tools/e2e_kernel_times.py k.csv --layers 2
 
-Kernels are grouped by name; a step is counted by rope_append launches / layers (every step
-launches it once a layer), so the table is µs per decode step, whatever warm-up ran. The sum is
+Kernels are grouped by name; a step is counted by rope_append or gemv_rope launches / layers
+(every step launches one of them once a layer), so the table is µs per decode step, whatever warm-up ran. The sum is
 the GPU time with no gaps between kernels; the step's measured time minus it is launch overhead.
 """
 
@@ -31,7 +31,7 @@ def main():
         value = float(row["Metric Value"].replace(",", ""))
         total[name] += value * {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(unit, 1e-3)
         count[name] += 1
-    steps = sum(c for n, c in count.items() if n.startswith("void rope_append") or n.startswith("rope_append"))
+    steps = sum(c for n, c in count.items() if re.match(r"(void )?(rope_append|gemv_rope)\b", n))
     steps = max(1, steps // args.layers)
     print(f"{steps} decode steps seen; µs per step (GPU time, no gaps)")
     print("| kernel | launches/step | µs/step |\n|---|---|---|")

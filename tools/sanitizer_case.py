@@ -52,6 +52,10 @@ decoder_ops.silu_mul(cupy.asarray(rng.standard_normal((B, 2 * 99)).astype(np.flo
 table = cupy.asarray(rng.standard_normal((L, D // 2)).astype(np.float32))
 qkv = cupy.asarray(rng.standard_normal((B, (H + 2 * KVH) * D)).astype(np.float32))
 decoder_ops.rope_append(qkv, table, table, cupy.asarray(np.array([0, L - 1, 5], np.int32)), k, v, H, KVH, "bfloat16")
+wqkv = cupy.asarray(rng.standard_normal(((H + 2 * KVH) * D, 264)).astype(np.float16))
+decoder_ops.gemv_rope(x16, wqkv, table, table, cupy.asarray(np.array([L - 1, 0, 7], np.int32)), k, v, H, KVH,
+                      "bfloat16")
+decoder_ops.gemv_glu(x16, cupy.asarray(rng.standard_normal((2 * 99, 264)).astype(np.float16)))
 # everything again with programmatic dependent launch (sm_90+: kernels start before their predecessor ends)
 from santa_cupy import kernels  # noqa: E402
 if kernels.set_programmatic_launch(True):
@@ -62,6 +66,8 @@ if kernels.set_programmatic_launch(True):
     decoder_ops.gemv(x16, w16, out=y, accumulate=True)
     decoder_ops.rope_append(qkv, table, table, cupy.asarray(np.array([3, 0, L - 1], np.int32)), k, v, H, KVH,
                             "bfloat16")
+    decoder_ops.gemv_rope(x16, wqkv, table, table, cupy.asarray(np.array([0, L - 1, 2], np.int32)), k, v, H, KVH,
+                          "bfloat16")
     kernels.set_programmatic_launch(False)
 cupy.cuda.Device().synchronize()
 print("sanitizer case done")

@@ -1,0 +1,33 @@
+// decoder_math.cuh — the element-wise math of the decode step's small steps, shared by decoder.cu's
+// kernels and gemv.cu's fused epilogues, so that both round every product and sum alike (bit for
+// bit; __fmul_rn & co. keep nvcc from contracting into FMAs, as the CuPy expressions they replace).
+#pragma once
+#include "common.cuh"
+
+// silu(g) * u, silu(g) = g * 0.5 (1 + tanh(g / 2)).
+__device__ __forceinline__ float silu_times(float g, float u) {
+    const float sig = __fmul_rn(0.5f, __fadd_rn(1.0f, tanhf(__fmul_rn(0.5f, g))));
+    return __fmul_rn(__fmul_rn(g, sig), u);
+}
+
+// Element pair (a, b) = (x_i, x_{i + D/2}) of head h of token n's QKV product, to where it goes:
+// q heads (h < H) rotated into q_out [N, H, D]; k heads rotated into row p of k_cache
+// [N, L_max, KVH, D]; v heads copied into row p of v_cache. Rotation (HF rotate_half) by
+// c, s = cos/sin[p, i]: x_i <- a c - b s, x_{i + D/2} <- b c + a s.
+template <typename Tkv>
+__device__ __forceinline__ void store_rope_pair(float a, float b, int h, int i, i64 n, i64 p,
+                                                const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                                Tkv* __restrict__ q_out, Tkv* __restrict__ k_cache,
+                                                Tkv* __restrict__ v_cache, int H, int KVH, int D, i64 L_max) {
+    const int half = D / 2;
+    if (h >= H + KVH) {                                       // v: copied
+        Tkv* dst = v_cache + ((n * L_max + p) * KVH + (h - H - KVH)) * D;
+        dst[i] = from_float<Tkv>(a);
+        dst[i + half] = from_float<Tkv>(b);
+        return;
+    }
+    Tkv* dst = h < H ? q_out + (n * H + h) * D : k_cache + ((n * L_max + p) * KVH + (h - H)) * D;
+    const float c = cos_t[p * half + i], s = sin_t[p * half + i];
+    dst[i] = from_float<Tkv>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    dst[i + half] = from_float<Tkv>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
