@@ -130,24 +130,31 @@ def _gemv_operands(x, w, what: str):
     return ("float16" if w.dtype == np.float16 else "bfloat16"), next(b for b in GEMV_TOKENS if b >= n)
 
 
+def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache) -> bool:
+    """The rotary + K/V append's operands for n tokens: C-contiguous caches [n, L_max, kv_heads, D]
+    of one dtype (D even), cos and sin [P, D/2] float32, pos [n] int32."""
+    import cupy
+
+    L_max, D = k_cache.shape[1], k_cache.shape[-1]
+    return (D % 2 == 0 and k_cache.shape == (n, L_max, kv_heads, D) and v_cache.shape == k_cache.shape
+            and v_cache.dtype == k_cache.dtype and cos.ndim == 2 and cos.shape[1] == D // 2
+            and sin.shape == cos.shape and cos.dtype == cupy.float32 and sin.dtype == cupy.float32
+            and pos.shape == (n,) and pos.dtype == cupy.int32
+            and all(a.flags.c_contiguous for a in (cos, sin, pos, k_cache, v_cache)))
+
+
 def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None):
     """The QKV product and the rotary + K/V append in one launch: what gemv(x, w) followed by
     rope_append(y, ...) does, bit for bit, without the float32 product in between.
 
     x [n, K] and w [(heads + 2 kv_heads) D, K] as for gemv; cos, sin, pos, the caches (float16, or
     bfloat16 as uint16 bits: kv_dtype) and q_out as for rope_append -> q [n, heads, D]."""
-    import cupy
-
     dtype_name, nb = _gemv_operands(x, w, "gemv_rope")
     n = x.shape[0]
     L_max, D = k_cache.shape[1], k_cache.shape[-1]
-    P = cos.shape[0]
     kv = _dtype_name(k_cache, kv_dtype)
-    ok = (kv in GEMV_DTYPES and D % 2 == 0 and w.shape[0] == (heads + 2 * kv_heads) * D
-          and k_cache.shape == (n, L_max, kv_heads, D) and v_cache.shape == k_cache.shape
-          and v_cache.dtype == k_cache.dtype and cos.shape == (P, D // 2) and sin.shape == cos.shape
-          and cos.dtype == cupy.float32 and sin.dtype == cupy.float32 and pos.shape == (n,)
-          and pos.dtype == cupy.int32 and all(a.flags.c_contiguous for a in (cos, sin, pos, k_cache, v_cache)))
+    ok = (kv in GEMV_DTYPES and w.shape[0] == (heads + 2 * kv_heads) * D
+          and _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache))
     if not ok:
         raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], caches [n, L_max, KVH, D] of float16/bfloat16 "
                          f"({kv_dtype}), cos/sin [P, D/2] float32, pos [n] int32; got w {w.shape}, k "
@@ -199,18 +206,12 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
     cos, sin [P, D/2] float32, pos [N] int32 (each token's position = its cache row, < L_max),
     k_cache, v_cache [N, L_max, kv_heads, D] of kv_dtype -> q [N, heads, D] of kv_dtype (rotated);
     the rotated k and the v are written into row pos[n] of the caches."""
-    import cupy
-
     N = qkv.shape[0]
     L_max, D = k_cache.shape[1], k_cache.shape[-1]
-    P = cos.shape[0]
     p = np.dtype(qkv.dtype).name
     kv = _dtype_name(k_cache, kv_dtype)
-    ok = (p in PRODUCT_DTYPES and qkv.ndim == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * D and D % 2 == 0
-          and k_cache.shape == (N, L_max, kv_heads, D) and v_cache.shape == k_cache.shape
-          and v_cache.dtype == k_cache.dtype and cos.shape == (P, D // 2) and sin.shape == cos.shape
-          and cos.dtype == cupy.float32 and sin.dtype == cupy.float32 and pos.shape == (N,)
-          and pos.dtype == cupy.int32 and all(a.flags.c_contiguous for a in (qkv, cos, sin, pos, k_cache, v_cache)))
+    ok = (p in PRODUCT_DTYPES and qkv.ndim == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * D
+          and qkv.flags.c_contiguous and _rope_operands_ok(N, kv_heads, cos, sin, pos, k_cache, v_cache))
     if not ok:
         raise ValueError(f"rope_append needs C-contiguous qkv [N, (H + 2 KVH) D] (float32/float16), caches "
                          f"[N, L_max, KVH, D] of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
