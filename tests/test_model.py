@@ -115,7 +115,7 @@ def ref_inv_freq(cfg):
 
 def ref_forward(W, cfg, ids):
     """Logits [V] float64 of the last position of `ids`, recomputing the whole prefix."""
-    d, H, KVH, D = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    H, KVH, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, T = cfg["rms_norm_eps"], len(ids)
     inv = ref_inv_freq(cfg)
 
