@@ -46,3 +46,17 @@ def rel_l2(a, b) -> float:
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def rope_operands(rng, n, KVH, D, L_max, kv_dtype):
+    """The rotary + K/V append's other operands for n tokens, drawn from rng in this order:
+    cos, sin [L_max + 3, D/2] float32 (random angles), pos [n] int32 holding L_max - 1 and (n > 1) 0,
+    and store [2, n, L_max, KVH, D] of kv_dtype, the K and V caches' starting contents."""
+    ang = rng.uniform(-4, 4, (L_max + 3, D // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = rng.integers(0, L_max, n).astype(np.int32)
+    pos[0] = L_max - 1
+    if n > 1:
+        pos[1] = 0
+    store = spec.from_float32(rng.standard_normal((2, n, L_max, KVH, D)).astype(np.float32), kv_dtype, np)
+    return cos, sin, pos, store

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from santa_cupy import decoder_ops, kernels, reference, spec
-from tests.gpu_util import rel_l2, requires_gpu
+from tests.gpu_util import rel_l2, requires_gpu, rope_operands
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 OUT_TOL = {"float32": 1e-6, "float16": 1e-3}     # relative L2: the output's rounding
@@ -33,13 +33,7 @@ def test_rope_append_is_bit_identical_to_reference(product, kv_dtype, N, H, KVH,
     import cupy
     rng = np.random.default_rng(N * H * D + L_max)
     qkv = rng.standard_normal((N, (H + 2 * KVH) * D)).astype(product)
-    ang = rng.uniform(-4, 4, (L_max + 3, D // 2))
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    pos = rng.integers(0, L_max, N).astype(np.int32)
-    pos[0] = L_max - 1
-    if N > 1:
-        pos[1] = 0
-    store = spec.from_float32(rng.standard_normal((2, N, L_max, KVH, D)).astype(np.float32), kv_dtype, np)
+    cos, sin, pos, store = rope_operands(rng, N, KVH, D, L_max, kv_dtype)
     k_ref, v_ref = store[0].copy(), store[1].copy()
     q_ref = reference.rope_append(qkv, cos, sin, pos, k_ref, v_ref, H, KVH, kv_dtype)
     k, v = cupy.asarray(store[0]), cupy.asarray(store[1])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from santa_cupy import decoder_ops, reference, spec
-from tests.gpu_util import rel_l2, requires_gpu
+from tests.gpu_util import rel_l2, requires_gpu, rope_operands
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -76,13 +76,7 @@ def test_gemv_rope_is_the_two_launches_bit_for_bit(dtype, kv_dtype, n, H, KVH, D
     import cupy
     rng = np.random.default_rng(n * H * D + K)
     x, w, _ = _operands(rng, n, (H + 2 * KVH) * D, K, dtype)
-    ang = rng.uniform(-4, 4, (L_max + 3, D // 2))
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    pos = rng.integers(0, L_max, n).astype(np.int32)
-    pos[0] = L_max - 1
-    if n > 1:
-        pos[1] = 0
-    store = spec.from_float32(rng.standard_normal((2, n, L_max, KVH, D)).astype(np.float32), kv_dtype, np)
+    cos, sin, pos, store = rope_operands(rng, n, KVH, D, L_max, kv_dtype)
     xg, wg = cupy.asarray(x), cupy.asarray(w)
     k_ref, v_ref = store[0].copy(), store[1].copy()
     q_ref = reference.rope_append(decoder_ops.gemv(xg, wg).get(), cos, sin, pos, k_ref, v_ref, H, KVH, kv_dtype)
