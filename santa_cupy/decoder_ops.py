@@ -143,6 +143,12 @@ def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache) -> bool:
             and all(a.flags.c_contiguous for a in (cos, sin, pos, k_cache, v_cache)))
 
 
+def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads) -> str:
+    """What _rope_operands_ok was given, for the error message."""
+    return (f"k {k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos {cos.dtype} {cos.shape}, "
+            f"pos {pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
+
+
 def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None):
     """The QKV product and the rotary + K/V append in one launch: what gemv(x, w) followed by
     rope_append(y, ...) does, bit for bit, without the float32 product in between.
@@ -157,9 +163,8 @@ def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, 
           and _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache))
     if not ok:
         raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], caches [n, L_max, KVH, D] of float16/bfloat16 "
-                         f"({kv_dtype}), cos/sin [P, D/2] float32, pos [n] int32; got w {w.shape}, k "
-                         f"{k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos {cos.dtype} {cos.shape}, pos "
-                         f"{pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
+                         f"({kv_dtype}), cos/sin [P, D/2] float32, pos [n] int32; got w {w.shape}, "
+                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads))
     q = _check_out(q_out, (n, heads, D), k_cache.dtype, "gemv_rope")
     launch(_kernel(("gemv_rope", dtype_name, kv, nb)), (w.shape[0] // 2,),
            (w, x, np.int32(x.shape[1]), np.int32(n), cos, sin, pos, q, k_cache, v_cache, np.int32(heads),
@@ -215,8 +220,7 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
     if not ok:
         raise ValueError(f"rope_append needs C-contiguous qkv [N, (H + 2 KVH) D] (float32/float16), caches "
                          f"[N, L_max, KVH, D] of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
-                         f"{qkv.dtype} {qkv.shape}, k {k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos "
-                         f"{cos.dtype} {cos.shape}, pos {pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
+                         f"{qkv.dtype} {qkv.shape}, " + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads))
     q = _check_out(q_out, (N, heads, D), k_cache.dtype, "rope_append")
     pairs = (heads + 2 * kv_heads) * D // 2
     launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)),
