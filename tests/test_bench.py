@@ -146,7 +146,11 @@ def test_add_derived():
     assert dense["x_dense"] == pytest.approx(1.0) and flash["x_external"] == pytest.approx(1.0)
     assert cudnn["tbps"] is None and cudnn["x_dense"] is None
     assert other["x_external"] is None and other["x_dense"] == pytest.approx(1.0)   # its own group
+    # the largest x_dense a row's bytes allow: our dense 40 µs over its bytes at 5 TB/s
+    assert santa["x_dense_bound"] == pytest.approx(40.0 / 40.0) and dense["x_dense_bound"] == pytest.approx(40.0 / 80.0)
+    assert cudnn["x_dense_bound"] is None
     assert bench.add_derived(_rows(), None)[0]["pct_ceiling"] is None
+    assert bench.add_derived(_rows(), None)[1]["x_dense_bound"] is None
 
 
 def test_kernel_table_and_header():
@@ -155,7 +159,7 @@ def test_kernel_table_and_header():
     lines = table.strip().splitlines()
     assert len(lines) == 2 + len(rows)
     assert all(line.count("|") == len(bench.KERNEL_COLUMNS) + 1 for line in lines)   # "|" in notes escaped
-    assert "| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 2.50x | 3.00% |" in table
+    assert "| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 1.00x | 2.50x | 3.00% |" in table
     assert "| - | - |" in table                                                        # skipped row
     meta = {"command": "kernels", "gpu": "NVIDIA H200", "cupy": "14.2", "date": "2026", "commit": None}
     head = bench.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 4 << 30, "copy_tbps": 4.2})

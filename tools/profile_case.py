@@ -4,6 +4,7 @@
     python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
     python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged
     python3 tools/profile_case.py santa-global-systematic-256 1 32768 --kernel mma_ring
+    python3 tools/profile_case.py torch-cudnn 16 32768      (torch SDPA, contiguous [B, KVH, L, D])
 
 Llama-3.1-8B shapes (H=32, KVH=8, D=128), bf16, random K/V; runs the plan `--runs` times."""
 
@@ -17,7 +18,7 @@ import cupy  # noqa: E402
 from santa_cupy import DecodePlan, spec  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("method", help="dense or santa-<budget>-<sampler>-<S>")
+ap.add_argument("method", help="dense, santa-<budget>-<sampler>-<S> or torch-<flash|cudnn> (the baseline)")
 ap.add_argument("batch", type=int)
 ap.add_argument("context", type=int)
 ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; santa score pass: the same or mma_ring")
@@ -33,6 +34,19 @@ k = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0
 v = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32), "bfloat16", cupy)
 lengths = cupy.full((B,), L, cupy.int32)
 kind = a.kernel
+if a.method.startswith("torch-"):                  # the baseline, on a contiguous [B, KVH, L, D] copy
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[a.method[6:]]
+    tq, tk, tv = (torch.from_dlpack(x).view(torch.bfloat16) for x in (q, k, v))
+    tq, tk, tv = tq[:, :, None, :], tk.transpose(1, 2).contiguous(), tv.transpose(1, 2).contiguous()
+    with sdpa_kernel(backend):
+        for _ in range(a.runs):
+            F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+    torch.cuda.synchronize()
+    print("profile case done:", a.method, B, L)
+    sys.exit(0)
 if a.method == "dense":
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
                       method="dense", dense_kernel=kind)
