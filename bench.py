@@ -384,6 +384,17 @@ def _event_median_us(cp, fn, stream, repeats=20, warmup=3, inner=1):
     return statistics.median(times)
 
 
+def _device_copy_us(cp, nbytes) -> float:
+    """Median µs of a cudaMemcpyAsync device-to-device copy of nbytes (its buffers freed on return)."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        src = cp.arange(nbytes // 4, dtype=cp.uint32)
+        dst = cp.empty_like(src)
+        us = _event_median_us(cp, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream), stream, repeats=10)
+    stream.synchronize()
+    return us
+
+
 def measure_ceiling(cp, read_bytes=2 << 30, copy_bytes=2 << 30, buffers=2, launches=8) -> dict:
     """Streaming read (own kernel, 16-byte loads, grid-stride, reduction) and device-to-device copy
     (cudaMemcpyAsync; read + write counted), in TB/s. The read is timed as the kernels are: one CUDA
@@ -400,15 +411,8 @@ def measure_ceiling(cp, read_bytes=2 << 30, copy_bytes=2 << 30, buffers=2, launc
         us, _ = time_cupy_graph(cp, reads, n_inner=launches, repeats=15, warmup=3)
         if best is None or us < best[0]:
             best = (us, blocks_per_sm, threads)
-    del bufs
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        src = cp.arange(copy_bytes // 4, dtype=cp.uint32)
-        dst = cp.empty_like(src)
-        copy_us = _event_median_us(cp, lambda: dst.data.copy_from_device_async(src.data, copy_bytes, stream),
-                                   stream, repeats=10)
-        del src, dst
-    stream.synchronize()
+    del bufs, reads
+    copy_us = _device_copy_us(cp, copy_bytes)
     cp.get_default_memory_pool().free_all_blocks()
     return {"read_tbps": read_bytes / (best[0] * 1e-6) / 1e12, "read_bytes": read_bytes,
             "read_launch": f"{best[1]} blocks/SM x {best[2]} threads, graph of {launches} over {buffers} buffers",

@@ -162,7 +162,7 @@ def test_kernel_table_and_header():
     assert "| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 1.00x | 2.50x | 3.00% |" in table
     assert "| - | - |" in table                                                        # skipped row
     meta = {"command": "kernels", "gpu": "NVIDIA H200", "cupy": "14.2", "date": "2026", "commit": None}
-    head = bench.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 4 << 30, "copy_tbps": 4.2})
+    head = bench.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 2 << 30, "copy_tbps": 4.2})
     assert "NVIDIA H200" in head and "4.60 TB/s" in head and "commit" not in head
 
 

@@ -556,14 +556,16 @@ def test_programmatic_launch_is_bit_identical(options):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("D,heads", [(128, 16), (64, 12)])
 @pytest.mark.parametrize("splits", [1, 5, 64, 200])
-def test_dense_forced_splits_match_reference(splits):
+def test_dense_forced_splits_match_reference(splits, D, heads):
     """DecodePlan(dense_splits=N) (bench's dense-p<N>): one split, a few (self-merge), many (more
-    than rows allow at the short length: empty splits) against the float64 reference."""
+    than rows allow at the short length: empty splits) against the float64 reference. One split
+    walks a warp through ~20 steps, several turns of the mma kernel's register ring at either D."""
     rng = np.random.default_rng(splits)
     L_max, lengths = 5003, [5003, 1, 2777]
-    q, k, v, lens = random_inputs(rng, 3, 16, 4, 128, L_max, lengths, "bfloat16")
-    plan = DecodePlan(batch=3, heads=16, kv_heads=4, head_dim=128, max_length=L_max, dtype="bfloat16",
+    q, k, v, lens = random_inputs(rng, 3, heads, 4, D, L_max, lengths, "bfloat16")
+    plan = DecodePlan(batch=3, heads=heads, kv_heads=4, head_dim=D, max_length=L_max, dtype="bfloat16",
                       method="dense", dense_splits=splits)
     o = plan.run(*to_gpu(q, k, v, lens))
     ref_o, _ = reference.dense_attention(q, k, v, lens)

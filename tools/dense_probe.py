@@ -4,7 +4,7 @@
 
 For each case (llama8b shapes, bf16, rotating copies >= 3x L2 as in `bench kernels`), in µs:
   * the streaming read (bench.py's stream_read) of exactly the K+V bytes, by launch shape: the
-    floor of a read that size (ramp and tail included), not the 4 GiB ceiling;
+    floor of a read that size (ramp and tail included), not the 2 GiB rotating-buffer ceiling;
   * our dense call, plain and with programmatic launch, and its stages alone (split-KV, merge);
   * the merge in the kernel's last block against santa_merge after it (kernels.DENSE_SELF_MERGE_MAX_SPLITS
     toggled for the one plan, then restored);
@@ -136,7 +136,7 @@ def main() -> int:
     shape = bench.SHAPES["llama8b"]
     l2 = bench.gpu_metadata(cp, None)["l2_bytes"]
     ceiling = bench.measure_ceiling(cp)["read_tbps"]
-    print(f"streaming read ceiling (4 GiB): {ceiling:.2f} TB/s")
+    print(f"streaming read ceiling (bench.measure_ceiling): {ceiling:.2f} TB/s")
     for B, L in cases:
         nbytes = bench.kv_bytes(shape, B, L)
         copies = bench.copies_for(nbytes, l2, int(20e9))

@@ -4,9 +4,11 @@
     python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
     python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged
     python3 tools/profile_case.py santa-global-systematic-256 1 32768 --kernel mma_ring
-    python3 tools/profile_case.py torch-cudnn 16 32768      (torch SDPA, contiguous [B, KVH, L, D])
+    ncu --profile-from-start off ... tools/profile_case.py torch-cudnn 16 32768   (torch SDPA on a contiguous
+      [B, KVH, L, D] copy; only its runs are profiled)
 
-Llama-3.1-8B shapes (H=32, KVH=8, D=128), bf16, random K/V; runs the plan `--runs` times."""
+Llama-3.1-8B shapes (H=32, KVH=8, D=128; `--shape smollm2`: H=9, KVH=3, D=64), bf16, random K/V;
+runs the plan `--runs` times."""
 
 import argparse
 import sys
@@ -25,9 +27,11 @@ ap.add_argument("--kernel", default="auto", help="dense: auto|stream|async|mma; 
 ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp|warp_staged|warp_mma")
 ap.add_argument("--tiles-per-warp", type=int, default=None, help="santa v4 kernels: tiles per warp (default: fitted)")
 ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--shape", default="llama8b", choices=("llama8b", "smollm2"))
 a = ap.parse_args()
 
-B, H, KVH, D, L = a.batch, 32, 8, 128, a.context
+H, KVH, D = (32, 8, 128) if a.shape == "llama8b" else (9, 3, 64)
+B, L = a.batch, a.context
 rs = cupy.random.RandomState(0)
 q = spec.from_float32(rs.standard_normal((B, H, D), dtype=cupy.float32), "bfloat16", cupy)
 k = spec.from_float32(rs.standard_normal((B, L, KVH, D), dtype=cupy.float32) * 0.5, "bfloat16", cupy)
@@ -42,9 +46,13 @@ if a.method.startswith("torch-"):                  # the baseline, on a contiguo
     tq, tk, tv = (torch.from_dlpack(x).view(torch.bfloat16) for x in (q, k, v))
     tq, tk, tv = tq[:, :, None, :], tk.transpose(1, 2).contiguous(), tv.transpose(1, 2).contiguous()
     with sdpa_kernel(backend):
+        F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)      # warm-up, outside the profile
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()        # ncu --profile-from-start off sees only the SDPA runs
         for _ in range(a.runs):
             F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
     print("profile case done:", a.method, B, L)
     sys.exit(0)
 if a.method == "dense":
