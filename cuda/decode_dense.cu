@@ -416,14 +416,24 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     write_split_partials<D, G, kWarps>(acc_s, m_s, l_s, part_o, part_s, part, n_splits);
     if (!self_merge) return;                               // santa_merge runs next
     // self_merge: the last of the group's splits holding rows (ceil(n / part_rows)) merges its G
-    // heads, a warp per head, from the partials the others left in L2 (up to 32 of them in one
-    // round trip, merge.cuh). One launch instead of two: the plan asks for it up to
-    // kernels.DENSE_SELF_MERGE_MAX_SPLITS splits a group (BENCHMARKS.md, steps 9 and 11).
+    // heads from the partials the others left in L2 (merge.cuh): up to 32 splits a warp per head,
+    // one round trip; more, the whole block per head, 32 splits a warp and round trip. One launch
+    // instead of two: the plan asks for it up to kernels.DENSE_SELF_MERGE_MAX_SPLITS (32) splits a
+    // group, where it measured faster than santa_merge's launch (BENCHMARKS.md, steps 9, 11, 13).
     const int n = seq_len(lengths, b, L_max);
     const int active = (n + part_rows - 1) / part_rows;
     if (!block_arrives_last(merge_counters + b * KVH + g, (unsigned)active)) return;
-    for (int h = warp; h < G; h += kWarps) {
-        const i64 bh = b * H + (i64)g * G + h;
-        warp_merge_dense_head<T, D>(part_o + bh * n_splits * D, part_s + bh * n_splits, active, bh, out, lse, spread);
+    if (active <= 32) {
+        for (int h = warp; h < G; h += kWarps) {
+            const i64 bh = b * H + (i64)g * G + h;
+            warp_merge_dense_head<T, D>(part_o + bh * n_splits * D, part_s + bh * n_splits, active, bh, out, lse,
+                                        spread);
+        }
+    } else {
+        for (int h = 0; h < G; ++h) {                       // the combine's shared memory is free
+            const i64 bh = b * H + (i64)g * G + h;
+            block_merge_dense_head<T, D, kWarps>(part_o + bh * n_splits * D, part_s + bh * n_splits, active, bh, out,
+                                                 lse, spread, acc_s);
+        }
     }
 }

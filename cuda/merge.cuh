@@ -59,73 +59,99 @@ __device__ __forceinline__ bool block_arrives_last(unsigned* counter, unsigned e
     return is_last;
 }
 
-// One warp merges head bh's n_parts dense split partials (merge kind dense: o = sum_p e^(m_p - m*)
-// part_o_p / Z) into out[bh], lse[bh] (spread 0). Reads through L2 (__ldcg): other blocks wrote
-// the partials during this kernel. part_o [.., P_max, D], part_s [.., P_max] of head bh.
-// Up to 32 parts every load is issued at once (one L2 round trip: lane p holds part p's stats and
-// every lane its D/32 floats of each part); more parts go U = 8 at a time after a pass over the stats.
+// Up to 32 dense split partials of one head in one L2 round trip (lane p holds part p's stats, every
+// lane its E = D/32 floats of each part; __ldcg: other blocks wrote them during this kernel):
+// (m, z) their log-sum-exp pair (every lane) and o[E] = sum_p w_p part_o_p with w_p = e^(m_p - m) / z
+// (kNormalize) or e^(m_p - m). n_parts <= 0 leaves m = -inf, z = 0, o = 0.
+// part_o [n_parts, D], part_s [n_parts] of the head, from the first part to merge.
+template <int D, bool kNormalize>
+__device__ __forceinline__ void warp_merge_parts(const float* part_o, const float4* part_s, int n_parts, float& m_star,
+                                                 float& z, float (&o)[D / 32]) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    m_star = -SC_INF; z = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = 0.f;
+    const float4 mine = lane < n_parts ? __ldcg(part_s + lane) : make_float4(-SC_INF, 0.f, 0.f, 0.f);
+    float v[32][E];
+#pragma unroll
+    for (int p = 0; p < 32; ++p) {
+        if (p < n_parts) load_lane<E, true>(part_o + (i64)p * D + lane * E, v[p]);
+        else
+#pragma unroll
+            for (int e = 0; e < E; ++e) v[p][e] = 0.f;
+    }
+    lse_push(m_star, z, mine.x, mine.y);
+    warp_lse(m_star, z);
+    const float w_mine = mine.y > 0.f ? (kNormalize ? __expf(mine.x - m_star) / z : __expf(mine.x - m_star)) : 0.f;
+#pragma unroll
+    for (int p = 0; p < 32; ++p) {
+        const float w = __shfl_sync(0xffffffffu, w_mine, p);
+        if (w != 0.f) {                                 // never 0 x an unwritten (NaN) partial
+#pragma unroll
+            for (int e = 0; e < E; ++e) o[e] = fmaf(w, v[p][e], o[e]);
+        }
+    }
+}
+
+// One warp merges head bh's n_parts <= 32 dense split partials (merge kind dense: o = sum_p
+// e^(m_p - m*) part_o_p / Z) into out[bh], lse[bh] (spread 0), in one L2 round trip.
 template <typename T, int D>
 __device__ __forceinline__ void warp_merge_dense_head(const float* part_o, const float4* part_s, int n_parts,
                                                       i64 bh, T* out, float* lse, float* spread) {
-    constexpr int E = D / 32, U = 8;                    // floats per lane; partials in flight (> 32 parts)
+    constexpr int E = D / 32;
     const int lane = threadIdx.x & 31;
-    float m_star = -SC_INF, z = 0.f;
-    float o[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = 0.f;
-    if (n_parts <= 32) {
-        const float4 mine = lane < n_parts ? __ldcg(part_s + lane) : make_float4(-SC_INF, 0.f, 0.f, 0.f);
-        float v[32][E];
-#pragma unroll
-        for (int p = 0; p < 32; ++p) {
-            if (p < n_parts) load_lane<E, true>(part_o + (i64)p * D + lane * E, v[p]);
-            else
-#pragma unroll
-                for (int e = 0; e < E; ++e) v[p][e] = 0.f;
-        }
-        lse_push(m_star, z, mine.x, mine.y);
-        warp_lse(m_star, z);
-        const float w_mine = mine.y > 0.f ? __expf(mine.x - m_star) / z : 0.f;
-#pragma unroll
-        for (int p = 0; p < 32; ++p) {
-            const float w = __shfl_sync(0xffffffffu, w_mine, p);
-            if (w != 0.f) {                             // never 0 x an unwritten (NaN) partial
-#pragma unroll
-                for (int e = 0; e < E; ++e) o[e] = fmaf(w, v[p][e], o[e]);
-            }
-        }
-    } else {
-        for (int p = lane; p < n_parts; p += 32) {
-            const float4 s4 = __ldcg(part_s + p);
-            lse_push(m_star, z, s4.x, s4.y);
-        }
-        warp_lse(m_star, z);
-        for (int p0 = 0; p0 < n_parts; p0 += U) {
-            float w[U], v[U][E];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {               // issue every load first
-                const int p = p0 + u;
-                w[u] = 0.f;
-#pragma unroll
-                for (int e = 0; e < E; ++e) v[u][e] = 0.f;
-                if (p < n_parts) {
-                    const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_s + p));
-                    if (ml.y > 0.f) w[u] = __expf(ml.x - m_star) / z;
-                    load_lane<E, true>(part_o + (i64)p * D + lane * E, v[u]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (w[u] != 0.f) {                      // never 0 x an unwritten (NaN) partial
-#pragma unroll
-                    for (int e = 0; e < E; ++e) o[e] = fmaf(w[u], v[u][e], o[e]);
-                }
-        }
-    }
+    float m_star, z, o[E];
+    warp_merge_parts<D, true>(part_o, part_s, n_parts, m_star, z, o);
 #pragma unroll
     for (int e = 0; e < E; ++e) out[bh * D + lane * E + e] = from_float<T>(o[e]);
     if (lane == 0) {
         lse[bh] = m_star + __logf(z);
         spread[bh] = 0.f;
     }
+}
+
+// The whole block (kWarps warps) merges head bh's n_parts dense split partials, any number:
+// warp w takes parts 32 (kWarps r + w) + [0, 32) in round r (one L2 round trip a round; one round
+// up to 32 kWarps parts), folding each round into its own (m, z, o); the warps' results combine
+// through shared memory (kWarps (D + 2) floats, free on entry). Same result as
+// warp_merge_dense_head up to float rounding.
+template <typename T, int D, int kWarps>
+__device__ __forceinline__ void block_merge_dense_head(const float* part_o, const float4* part_s, int n_parts,
+                                                       i64 bh, T* out, float* lse, float* spread, float* smem) {
+    constexpr int E = D / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float m = -SC_INF, z = 0.f, o[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = 0.f;
+    for (int p0 = 32 * warp; p0 < n_parts; p0 += 32 * kWarps) {   // warp-uniform
+        float m_r, z_r, o_r[E];
+        warp_merge_parts<D, false>(part_o + (i64)p0 * D, part_s + p0, n_parts - p0, m_r, z_r, o_r);
+        if (z_r <= 0.f) continue;
+        const float m_new = fmaxf(m, m_r), a = __expf(m - m_new), a_r = __expf(m_r - m_new);
+        z = z * a + z_r * a_r;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = o[e] * a + o_r[e] * a_r;
+        m = m_new;
+    }
+    float* o_s = smem;                                   // [kWarps][D]
+    float* m_s = o_s + kWarps * D;                       // [kWarps]
+    float* z_s = m_s + kWarps;                           // [kWarps]
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_s[warp * D + lane * E + e] = o[e];
+    if (lane == 0) { m_s[warp] = m; z_s[warp] = z; }
+    __syncthreads();
+    float m_star = -SC_INF, z_star = 0.f;
+    for (int w = 0; w < kWarps; ++w) lse_push(m_star, z_star, m_s[w], z_s[w]);
+    for (int d = threadIdx.x; d < D; d += kWarps * 32) {
+        float acc = 0.f;
+        for (int w = 0; w < kWarps; ++w)
+            if (z_s[w] > 0.f) acc = fmaf(__expf(m_s[w] - m_star), o_s[w * D + d], acc);
+        out[bh * D + d] = from_float<T>(acc / z_star);
+    }
+    if (threadIdx.x == 0) {
+        lse[bh] = m_star + __logf(z_star);
+        spread[bh] = 0.f;
+    }
+    __syncthreads();                                     // smem free again
 }

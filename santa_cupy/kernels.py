@@ -123,11 +123,13 @@ def row_groups(head_dim: int) -> int:
 
 
 DENSE_STAGES = 4            # SC_STAGES (async_copy.cuh)
-# decode_dense_mma merges in its own last block per KV group (one warp per head, every partial's
-# load in flight at once) up to this many splits a group; above, santa_merge runs after it. H200
-# (BENCHMARKS.md, step 11): B=1 32k (32 splits) 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8.
-# 32 = a warp's lanes: merge.cuh's warp_merge_dense_head loads up to 32 partials in one round trip
-# (its walk over more, 8 at a time, is what measured slower than santa_merge in step 9).
+# decode_dense_mma merges in its own last block per KV group up to this many splits a group; above,
+# santa_merge runs after it. 32 = a warp's lanes: merge.cuh's warp_merge_dense_head merges a head's
+# up to 32 partials with every load in flight at once, a warp per head (H200, BENCHMARKS.md step 11:
+# B=1 32k 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8). More splits the kernel merges a
+# head at a time with the whole block (block_merge_dense_head, 32 splits a warp and round trip),
+# which measured slower than santa_merge's launch (step 13: SmolLM2 B=1, 3 groups of 121 splits,
+# 32k 15.0 -> 15.6 us, 128k 33.7 -> 34.3), so the plan keeps the cap at 32.
 DENSE_SELF_MERGE_MAX_SPLITS = 32
 DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES: bytes of each operand per ring stage
 DENSE_KERNELS = ("auto", "stream", "async", "mma")   # v2 decode_dense_partial, v3 _async, v4 _mma

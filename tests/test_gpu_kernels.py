@@ -79,7 +79,7 @@ def test_dense_merges_in_its_last_block(L_max, splits):
     <= 32 splits; a few, and 30 whose partials all load at once): right for lengths that leave most
     splits empty or fill them all, its counters back at zero after every call, and the same from a
     captured graph replayed over new lengths. (Above 32 splits santa_merge runs after it:
-    test_dense_long_context_100k.)"""
+    test_dense_long_context_100k; the kernel's own merge of more: the next test.)"""
     import cupy
     rng = np.random.default_rng(5)
     plan = _poisoned_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
@@ -110,6 +110,25 @@ def test_dense_merges_in_its_last_block(L_max, splits):
         graph.launch(stream)
         stream.synchronize()
         check(lens)
+
+
+@pytest.mark.parametrize("D,heads", [(128, 8), (64, 6)])
+def test_dense_self_merge_over_several_rounds(monkeypatch, D, heads):
+    """With the cap raised (as tools/dense_probe.py does), the kernel merges more than 32 splits a
+    group itself, the whole block per head (merge.cuh block_merge_dense_head): 250 splits in two
+    rounds of 32 a warp, folding the rounds. Still the reference; counters reset."""
+    monkeypatch.setattr(kernels, "DENSE_SELF_MERGE_MAX_SPLITS", 1 << 30)
+    rng = np.random.default_rng(D)
+    L_max, lengths = 20000, [20000, 5000, 1]
+    q, k, v, lens = random_inputs(rng, 3, heads, 2, D, L_max, lengths, "bfloat16")
+    plan = _poisoned_plan(batch=3, heads=heads, kv_heads=2, head_dim=D, max_length=L_max, dtype="bfloat16",
+                          method="dense", dense_splits=300)
+    assert plan.dense_merges_itself and plan.P_max > 4 * 32
+    o = _as_float(plan.run(*to_gpu(q, k, v, lens)))
+    ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
+    assert np.isfinite(o).all() and rel_l2(o, ref_o) < DENSE_TOL["bfloat16"]
+    assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
+    assert not plan.merge_counters.get().any(), "merge counters not reset"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
