@@ -659,6 +659,8 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
 
 
 def plot_rows(rows, path):
+    """PNG of kernel rows (after add_derived): per (shape, B) a column of two panels against context,
+    latency (µs) on top and speedup over our dense ("x our dense") below. Needs matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -667,16 +669,25 @@ def plot_rows(rows, path):
         _log("matplotlib is not installed: no plot (pip install matplotlib)")
         return
     panels = sorted({(r["shape"], r["B"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (shape, B) in zip(axes[0], panels):
+    fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 7), squeeze=False, sharex="col")
+    for col, (shape, B) in enumerate(panels):
+        latency, speedup = axes[0][col], axes[1][col]
         for m in dict.fromkeys(r["method"] for r in rows):
-            pts = sorted((r["L"], r["us"]) for r in rows if (r["shape"], r["B"], r["method"]) == (shape, B, m) and r.get("us"))
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
-        ax.set(xscale="log", yscale="log", xlabel="context", ylabel="µs", title=f"{shape} B={B}")
-        ax.legend(fontsize=6)
+            mine = sorted((r for r in rows if (r["shape"], r["B"], r["method"]) == (shape, B, m) and r.get("us")),
+                          key=lambda r: r["L"])
+            if not mine:
+                continue
+            contexts = [r["L"] for r in mine]
+            line, = latency.plot(contexts, [r["us"] for r in mine], marker="o", label=m)
+            if m != "dense" and all(r.get("x_dense") for r in mine):     # a method keeps its colour
+                speedup.plot(contexts, [r["x_dense"] for r in mine], marker="o", label=m, color=line.get_color())
+        latency.set(xscale="log", yscale="log", ylabel="µs", title=f"{shape} B={B}")
+        latency.legend(fontsize=6)
+        speedup.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        speedup.set(xscale="log", xlabel="context", ylabel="x our dense")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     _log(f"plot written to {path}")
 
 

@@ -182,6 +182,30 @@ def test_write_outputs(tmp_path, capsys):
     assert md.read_text() in capsys.readouterr().out
 
 
+def test_plot_has_latency_and_speedup_panels(tmp_path, monkeypatch):
+    """--plot: per (shape, B) latency and x our dense against context; skipped rows left out."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    rows = _rows() + [dict(r, L=131072, us=r["us"] and 2 * r["us"]) for r in _rows()]
+    rows = bench.add_derived(rows, 5.0)
+    figures = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, path, **kw: figures.append((fig, path)))
+    bench.plot_rows(rows, str(tmp_path / "p.png"))
+    (fig, path), = figures
+    axes = fig.axes                                   # 2 rows x 2 panels (llama8b B=1, B=16)
+    assert len(axes) == 4 and path.endswith("p.png")
+    latency_b1, speedup_b1 = axes[0], axes[2]
+    assert {line.get_label() for line in latency_b1.get_lines()} == {"dense", "santa-global-systematic-256", "torch-flash"}
+    santa = next(line for line in speedup_b1.get_lines() if line.get_label() == "santa-global-systematic-256")
+    assert list(santa.get_xdata()) == [32768, 131072] and list(santa.get_ydata()) == pytest.approx([2.0, 2.0])
+    assert "dense" not in {line.get_label() for line in speedup_b1.get_lines()}
+    colour = {line.get_label(): line.get_color() for line in latency_b1.get_lines()}
+    assert all(line.get_color() == colour[line.get_label()] for line in speedup_b1.get_lines() if line.get_label() in colour)
+    monkeypatch.undo()
+    bench.plot_rows(rows, str(tmp_path / "real.png"))
+    assert (tmp_path / "real.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_run_metadata_tolerates_missing_git(monkeypatch):
     def boom(*a, **k):
         raise OSError("no git")
