@@ -395,27 +395,37 @@ def _device_copy_us(cp, nbytes) -> float:
     return us
 
 
-def measure_ceiling(cp, read_bytes=2 << 30, copy_bytes=2 << 30, buffers=2, launches=8) -> dict:
-    """Streaming read (own kernel, 16-byte loads, grid-stride, reduction) and device-to-device copy
-    (cudaMemcpyAsync; read + write counted), in TB/s. The read is timed as the kernels are: one CUDA
-    graph of `launches` reads alternating over `buffers` buffers of read_bytes (so nothing is served
-    from L2), warm-up replays, median of 15; best of five launch shapes."""
+STREAM_LAUNCHES = ((1, 1024), (2, 1024), (4, 512), (8, 256), (16, 256))   # (blocks per SM, threads)
+
+
+def stream_read_us(cp, nbytes, copies, launches=STREAM_LAUNCHES, inner=8, repeats=15) -> dict:
+    """µs of one streaming read (stream_read) of nbytes per launch shape (blocks per SM, threads),
+    timed as the kernels are: a CUDA graph of `inner` reads rotating over `copies` buffers (so that
+    with enough bytes nothing is served from L2), warm-up replays, median of `repeats`."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     kernel = cp.RawKernel(STREAM_READ_SRC, "stream_read")
-    bufs = [cp.arange(read_bytes // 4, dtype=cp.uint32) + i for i in range(buffers)]   # never zeros
+    bufs = [cp.arange(nbytes // 4, dtype=cp.uint32) + i for i in range(copies)]   # never zeros
     out = cp.zeros((1,), cp.uint32)
-    n16 = cp.int64(read_bytes // 16)
-    best = None
-    for blocks_per_sm, threads in ((1, 1024), (2, 1024), (4, 512), (8, 256), (16, 256)):
-        reads = [lambda b=b: kernel((sms * blocks_per_sm,), (threads,), (b, n16, out)) for b in bufs]
-        us, _ = time_cupy_graph(cp, reads, n_inner=launches, repeats=15, warmup=3)
-        if best is None or us < best[0]:
-            best = (us, blocks_per_sm, threads)
-    del bufs, reads
+    n16 = cp.int64(nbytes // 16)
+    times = {}
+    for per_sm, threads in launches:
+        reads = [lambda b=b: kernel((sms * per_sm,), (threads,), (b, n16, out)) for b in bufs]
+        times[(per_sm, threads)] = time_cupy_graph(cp, reads, n_inner=inner, repeats=repeats, warmup=3)[0]
+    return times
+
+
+def measure_ceiling(cp, read_bytes=2 << 30, copy_bytes=2 << 30, buffers=2, launches=8) -> dict:
+    """Streaming read (own kernel, 16-byte loads, grid-stride, reduction) and device-to-device copy
+    (cudaMemcpyAsync; read + write counted), in TB/s. The read is timed as the kernels are
+    (stream_read_us: a graph of `launches` reads over `buffers` rotating buffers of read_bytes);
+    best of the launch shapes."""
+    times = stream_read_us(cp, read_bytes, buffers, inner=launches)
+    (per_sm, threads), us = min(times.items(), key=lambda kv: kv[1])
+    cp.get_default_memory_pool().free_all_blocks()                  # the read buffers
     copy_us = _device_copy_us(cp, copy_bytes)
     cp.get_default_memory_pool().free_all_blocks()
-    return {"read_tbps": read_bytes / (best[0] * 1e-6) / 1e12, "read_bytes": read_bytes,
-            "read_launch": f"{best[1]} blocks/SM x {best[2]} threads, graph of {launches} over {buffers} buffers",
+    return {"read_tbps": read_bytes / (us * 1e-6) / 1e12, "read_bytes": read_bytes,
+            "read_launch": f"{per_sm} blocks/SM x {threads} threads, graph of {launches} over {buffers} buffers",
             "copy_tbps": 2 * copy_bytes / (copy_us * 1e-6) / 1e12, "copy_bytes": copy_bytes}
 
 

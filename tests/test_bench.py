@@ -206,6 +206,45 @@ def test_plot_has_latency_and_speedup_panels(tmp_path, monkeypatch):
     assert (tmp_path / "real.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_measure_ceiling_times_every_launch_shape_over_rotating_buffers(monkeypatch):
+    """The ceiling is the fastest launch shape of a graph of reads rotating over the buffers (no GPU:
+    a stand-in array module; the timings are the stand-in's)."""
+    import types
+    np = pytest.importorskip("numpy")
+    launched = []
+
+    class Kernel:
+        def __init__(self, src, name):
+            assert name == "stream_read" and name in src
+
+        def __call__(self, grid, block, args):
+            launched.append((grid[0], block[0], id(args[0]), int(args[1])))
+
+    freed = []
+    cp = types.SimpleNamespace(
+        RawKernel=Kernel, uint32=np.uint32, int64=np.int64, arange=np.arange, zeros=np.zeros,
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(attributes={"MultiProcessorCount": 132})),
+        get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: freed.append(1)))
+    shape_us = {132: 500.0, 264: 400.0, 528: 450.0, 1056: 470.0, 2112: 480.0}    # grid size -> µs
+
+    def fake_graph(cp_, fns, n_inner, repeats, warmup=3):
+        before = len(launched)
+        for i in range(n_inner):
+            fns[i % len(fns)]()
+        mine = launched[before:]
+        assert len({buf for _, _, buf, _ in mine}) == 2                      # alternates over both buffers
+        return shape_us[mine[0][0]], "graph"
+
+    monkeypatch.setattr(bench, "time_cupy_graph", fake_graph)
+    monkeypatch.setattr(bench, "_device_copy_us", lambda cp_, n: 1000.0)
+    c = bench.measure_ceiling(cp, read_bytes=1 << 12, copy_bytes=1 << 20)
+    assert {(g, t) for g, t, _, _ in launched} == {(132 * p, t) for p, t in bench.STREAM_LAUNCHES}
+    assert all(n16 == (1 << 12) // 16 for *_, n16 in launched)
+    assert c["read_tbps"] == pytest.approx((1 << 12) / 400e-6 / 1e12)
+    assert c["read_launch"].startswith("2 blocks/SM x 1024 threads")
+    assert c["copy_tbps"] == pytest.approx(2 * (1 << 20) / 1000e-6 / 1e12) and freed
+
+
 def test_run_metadata_tolerates_missing_git(monkeypatch):
     def boom(*a, **k):
         raise OSError("no git")

@@ -24,9 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench  # noqa: E402
 from santa_cupy import DecodePlan, kernels  # noqa: E402
 
-STREAM_LAUNCHES = ((1, 1024), (2, 1024), (4, 512), (8, 256))   # (blocks per SM, threads)
-
-
 def timed(cp, fns, inner=20, repeats=30) -> float:
     return bench.time_cupy_graph(cp, fns, inner, repeats)[0]
 
@@ -81,15 +78,8 @@ def head_major(cp, shape, B, L, inputs) -> dict:
 
 
 def stream_reads(cp, nbytes, copies) -> dict:
-    kernel = cp.RawKernel(bench.STREAM_READ_SRC, "stream_read")
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    bufs = [cp.arange(nbytes // 4, dtype=cp.uint32) for _ in range(copies)]   # never zeros
-    out = cp.zeros((1,), cp.uint32)
-    rows = {}
-    for per_sm, threads in STREAM_LAUNCHES:
-        rows[f"streaming read of the same bytes, {per_sm} x {threads} a SM"] = timed(
-            cp, [lambda b=b: kernel((sms * per_sm,), (threads,), (b, cp.int64(nbytes // 16), out)) for b in bufs])
-    return rows
+    times = bench.stream_read_us(cp, nbytes, copies, inner=20, repeats=30)
+    return {f"streaming read of the same bytes, {per_sm} x {threads} a SM": us for (per_sm, threads), us in times.items()}
 
 
 def torch_rows(torch, shape, inputs) -> dict:
