@@ -114,6 +114,21 @@ __device__ __forceinline__ float warp_inclusive_scan(float v) {
     }
     return v;
 }
+// max that returns NaN when either operand is NaN (fmaxf drops it): online softmax statistics
+// use it so that a NaN score makes its tile's exp-sum NaN instead of vanishing.
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// *addr = max(*addr, v) for a non-NaN float, atomically (the integer orderings of the float bit
+// patterns: ascending for v >= 0 as signed, descending for v < 0 as unsigned; -inf is the identity).
+__device__ __forceinline__ void atomic_max_float(float* addr, float v) {
+    if (v >= 0.f) atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
+    else atomicMin(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
+}
+
 // ---- counter-based RNG (docs/DESIGN.md, santa_cupy/rng.py) ---------------------------------
 #define SC_GLOBAL_TILE 0xFFFFFFFFull
 

@@ -360,6 +360,10 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     const int g = blockIdx.y;
     const i64 b = blockIdx.z;
     const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
+    if (self_merge && blockIdx.x == 0 && seq_len(lengths, b, L_max) == 0) {   // no split merges: o = 0, lse = -inf
+        if (warp == 0) write_empty_heads<T, D>(out, lse, spread, b * H + (i64)g * G, G);
+        return;
+    }
     i64 row_begin, row_end;
     if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
         return;

@@ -59,6 +59,58 @@ __device__ __forceinline__ bool block_arrives_last(unsigned* counter, unsigned e
     return is_last;
 }
 
+// Whether this warp is the last of `expected` to arrive at *counter (every lane gets the answer);
+// as block_arrives_last, for kernels whose warps work on their own (santa_tile_warp).
+__device__ __forceinline__ bool warp_arrives_last(unsigned* counter, unsigned expected) {
+    __threadfence();                                    // this lane's accumulations, device-wide
+    __syncwarp();
+    unsigned last = 0u;
+    if ((threadIdx.x & 31) == 0) {
+        last = atomicAdd(counter, 1u) + 1u == expected;
+        if (last) atomicExch(counter, 0u);
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) __threadfence();                          // ... before reading the others' sums
+    return last != 0u;
+}
+
+// Heads head0 .. head0 + G - 1 of an empty sequence (length 0): o = 0, lse = -inf, spread = 0, by
+// one warp. Every method writes this (the contract of DecodePlan.run for a length of 0).
+template <typename T, int D>
+__device__ __forceinline__ void write_empty_heads(T* out, float* lse, float* spread, i64 head0, int G) {
+    const int lane = threadIdx.x & 31;
+    for (int i = lane; i < G * D; i += 32) out[head0 * D + i] = from_float<T>(0.f);
+    for (int h = lane; h < G; h += 32) { lse[head0 + h] = -SC_INF; spread[head0 + h] = 0.f; }
+}
+
+// One head's output from the call's accumulators, by one warp, which zeroes them for the next call:
+// o = inv_s * acc[:D] (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks pre-weighted
+// sums, o = acc), spread = sqrt(var / D) with var = max(0, acc_var / S - |o|^2) / S (global) or
+// max(0, acc_var) (fixed). valid false (the head's softmax normaliser was NaN or inf): o = NaN.
+template <typename T, int D>
+__device__ __forceinline__ void finish_head(float* acc, float* acc_var, float inv_s, bool valid, T* out, float* spread) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    const float nan = __int_as_float(0x7fc00000);
+    float o[E], sq = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const float x = __ldcg(acc + lane * E + e);
+        acc[lane * E + e] = 0.f;
+        o[e] = valid ? (inv_s > 0.f ? x * inv_s : x) : nan;
+        sq = fmaf(o[e], o[e], sq);
+    }
+    sq = warp_sum(sq);
+#pragma unroll
+    for (int e = 0; e < E; ++e) out[lane * E + e] = from_float<T>(o[e]);
+    if (lane == 0) {
+        const float m2 = __ldcg(acc_var);
+        *acc_var = 0.f;
+        const float var = inv_s > 0.f ? fmaxf(0.f, m2 * inv_s - sq) * inv_s : fmaxf(0.f, m2);
+        *spread = valid ? sqrtf(var / (float)D) : nan;
+    }
+}
+
 // Up to 32 dense split partials of one head in one L2 round trip (lane p holds part p's stats, every
 // lane its E = D/32 floats of each part; __ldcg: other blocks wrote them during this kernel):
 // (m, z) their log-sum-exp pair (every lane) and o[E] = sum_p w_p part_o_p with w_p = e^(m_p - m) / z

@@ -105,7 +105,7 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache
 struct OnlineStats {
     float m = -SC_INF, l = 0.f;
     __device__ __forceinline__ void push2(float s0, float s1) {
-        const float m_new = fmaxf(m, fmaxf(s0, s1));
+        const float m_new = max_nan(m, max_nan(s0, s1));   // a NaN score makes l NaN (santa_score_mma)
         if (m_new == -SC_INF) return;
         l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
         m = m_new;

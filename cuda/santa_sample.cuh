@@ -149,3 +149,54 @@ __device__ __forceinline__ void tile_counts(int* cnt, const float* cum, const He
         }
     }
 }
+
+// ---- the global comb's prefix, fused into the score pass (santa_score_mma's last block) -------
+__device__ __forceinline__ double warp_inclusive_scan_d(double v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
+
+// Head bh's prefix by one warp, from pass 1's tile stats part_s[bh, t].xy = (m_t, l_t) (written by
+// other blocks of the same kernel: read through L2) and m_star[bh] = max_t m_t: in float64,
+// W_t = exp(m_t - m*) l_t and its inclusive prefix cum[bh, t] (unnormalised; C_t = cum_t / Z with
+// C of the last tile 1, santa_tile_warp), head_z[bh] = (m*, Z = sum W), lse[bh] = m* + log Z;
+// m_star[bh] goes back to -inf for the next call. Lane l takes tiles base + 8 l .. + 7 of each
+// round of 256 tiles, whose loads are all in flight at once: one L2 round trip a round.
+__device__ __forceinline__ void warp_head_prefix(const float4* part_s, float* m_star, double* cum, double2* head_z,
+                                                 float* lse, i64 bh, int n_tiles, int T_max) {
+    constexpr int R = 8;
+    const int lane = threadIdx.x & 31;
+    const double m = (double)__ldcg(m_star + bh);
+    const float4* st = part_s + bh * T_max;
+    double* C = cum + bh * T_max;
+    double carry = 0.0;
+    for (int base = 0; base < n_tiles; base += 32 * R) {       // warp-uniform
+        double w[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int t = base + lane * R + i;
+            const float2 s = t < n_tiles ? __ldcg(reinterpret_cast<const float2*>(st + t)) : make_float2(0.f, 0.f);
+            w[i] = t < n_tiles ? exp((double)s.x - m) * (double)s.y : 0.0;
+        }
+        double run = 0.0;
+#pragma unroll
+        for (int i = 0; i < R; ++i) { run += w[i]; w[i] = run; }
+        const double incl = warp_inclusive_scan_d(run), before = carry + (incl - run);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int t = base + lane * R + i;
+            if (t < n_tiles) C[t] = before + w[i];
+        }
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) {
+        head_z[bh] = make_double2(m, carry);
+        lse[bh] = (float)(m + log(carry));
+        m_star[bh] = -SC_INF;
+    }
+}

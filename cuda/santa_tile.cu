@@ -21,6 +21,7 @@
 #include "stream.cuh"
 #include "async_copy.cuh"
 #include "gather_mma.cuh"
+#include "merge.cuh"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -106,6 +107,12 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
         }
         __syncthreads();
         tile_cumsum<BN>(cum, G);
+        __syncthreads();
+        if (threadIdx.x < G) {                   // the counts' normaliser: the exp-sum as summed here
+            const int h = threadIdx.x;
+            setup_head_draw(&draws[h], budget, sampler, samples, draws[h].key, t, n_tiles, cum[h * BN + nrows - 1],
+                            cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
+        }
         __syncthreads();
         tile_counts<BN>(cnt, cum, draws, G, nrows, budget, sampler, samples, t);
     }
@@ -240,6 +247,9 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
         const float before = warp_inclusive_scan(run) - run;
 #pragma unroll
         for (int i = 0; i < R; ++i) c[i] += before;
+        // the slope over this sum: the counts' normaliser is the tile's exp-sum as summed here
+        // (the reference's l_t = cum at the last row), so the last row gets no points of rounding
+        d.a = __fdiv_rn(d.a, __shfl_sync(0xffffffffu, c[R - 1], 31));
         int cb[R];
 #pragma unroll
         for (int i = 0; i < R; ++i) cb[i] = comb_below(d, c[i]);
@@ -363,9 +373,10 @@ template <typename T, int D, int BN, int G, int kGather>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
-                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
-                int* __restrict__ rows_read) {
+                int layer, const float* __restrict__ scores, const double* __restrict__ cum,
+                const double2* __restrict__ head_z, const int* __restrict__ alloc, const float4* __restrict__ part_s,
+                float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
+                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
@@ -378,11 +389,15 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const int n_tiles = (n + BN - 1) / BN;
     const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
     const int t_end = min(t0 + tiles_per_warp, n_tiles);
+    const i64 head0 = b * H + (i64)g * G;
+    if (n_tiles == 0 && t0 == 0) {                             // an empty sequence: o = 0, lse = -inf
+        write_empty_heads<T, D>(out, lse, spread, head0, G);
+        if (lane == 0) rows_read[b * KVH + g] = 0;
+    }
     if (t0 >= t_end) return;                                   // whole warp
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
-    const i64 head0 = b * H + (i64)g * G;
     const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
     extern __shared__ __align__(16) unsigned char smem[];
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
@@ -415,14 +430,19 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // before this tile's gather, so its DRAM round trip overlaps this tile's.
     // C_{t-1} is the previous tile's C_t, so only C_t travels ahead.
     constexpr int R = BN / 32;
+    // C_t = cum_t / Z (the last tile's exactly 1); a head whose Z is not a positive number (NaN
+    // or inf in its scores) draws no points and its output is NaN (finish_heads).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
+    const double z_head = lane < G ? head_z[head0 + lane].y : 1.0;
+    const bool head_ok = z_head > 0.0 && z_head <= 1.7976931348623157e308;
+    auto cdf_at = [&](int t) { return t == n_tiles - 1 ? 1.0 : cum[head_row + t] / z_head; };
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
-    double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf[head_row + t0 - 1] : 0.0;
+    double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
     int alloc_ahead = 0;
     auto fetch = [&](int t) {
         if (lane < G && t < t_end) {
             st_ahead = *reinterpret_cast<const float2*>(part_s + head_row + t);
-            cc_ahead = cdf[head_row + t];
+            cc_ahead = cdf_at(t);
             if (budget == SC_BUDGET_LR) alloc_ahead = alloc[head_row + t];
         }
     };
@@ -437,9 +457,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const int alloc_t = alloc_ahead;
         c_before = cc;
         fetch(t + 1);
-        if (lane < G) {
+        if (lane < G && head_ok) {
             m_next = st.x;
-            setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, st.y, cp, cc,
+            // l_t = 1: the draw's slope a is the tile's points sw, divided by the tile's re-summed
+            // exp-sum in warp_tile_counts (the normaliser of the counts themselves)
+            setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, 1.f, cp, cc,
                                  alloc_t);
             if (fixed) w_next = (float)(cc - cp) * inv_s_t;
         } else {
@@ -525,25 +547,26 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         rows_total += nsel;
         __syncwarp();                        // cnt and rows are rewritten by the next tile
     }
-    if (rows_total == 0) return;             // no comb point in the chunk: part_s[., t0].zw stay 0
-    // The chunk's partial in t0's slots: part_o[b, h, t0, :] = sums, part_s.zw = (m2 or var, ||sums||^2).
+    // The chunk's sums join the call's accumulators: acc[b, h, :D] += sums, acc_var[b, h] += m2
+    // (global: sum c ||V||^2; fixed: the tiles' variances). No comb point in the chunk, nothing.
+    float* acc_var = acc + (i64)gridDim.z * H * D;
+    if (rows_total > 0) {
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-        float sq = 0.f;
-        float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
+        for (int h = 0; h < G; ++h) {
+            float* dst = acc + (head0 + h) * D + lane * E;
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            const float x = sums[h * D + e];
-            dst[e] = x;
-            sq = fmaf(x, x, sq);
+            for (int e = 0; e < E; ++e) atomicAdd(dst + e, sums[h * D + e]);
+            const float m2 = warp_sum(m2p[h]);
+            if (lane == 0) atomicAdd(acc_var + head0 + h, m2);
         }
-        sq = warp_sum(sq);
-        const float m2 = warp_sum(m2p[h]);
-        if (lane == 0) {
-            float4* st = part_s + (head0 + h) * T_max + t0;
-            st->z = m2;
-            st->w = sq;
-        }
+        if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
     }
-    if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
+    // The last warp of the (b, KV head) to finish writes o, spread and zeroes the accumulators.
+    if (!warp_arrives_last(arrive + b * KVH + g, (unsigned)((n_tiles + tiles_per_warp - 1) / tiles_per_warp)))
+        return;
+    for (int h = 0; h < G; ++h) {
+        const bool valid = __shfl_sync(0xffffffffu, head_ok ? 1 : 0, h) != 0;
+        finish_head<T, D>(acc + (head0 + h) * D, acc_var + head0 + h, fixed ? 0.f : 1.f / (float)samples, valid,
+                          out + (head0 + h) * D, spread + head0 + h);
+    }
 }

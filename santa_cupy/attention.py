@@ -149,7 +149,7 @@ class DecodePlan:
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
         kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
         self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes,
-                                                       kernels.mma_supported(dtype, head_dim))
+                                                       self.score_kernel in ("mma", "mma_ring"))
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -212,6 +212,16 @@ class DecodePlan:
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
         self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
+        # The two-launch pipeline (warp pass 2): santa_score_mma's last block per (b, KV head) computes
+        # the comb's prefix (cum, head_z, lse; m_star gathers the tile maxima), santa_tile_warp's
+        # last warp writes o from the accumulators acc [B*H*D] + acc_var [B*H]. Every workspace is
+        # left as it was found (counters 0, m_star -inf, acc 0), so no call fills anything.
+        if self._warp:
+            self.arrive = cupy.zeros((2, batch * kv_heads), cupy.uint32)
+            self.m_star = cupy.full((B * H,), -np.inf, cupy.float32)
+            self.cum = cupy.empty((B, H, self.T_max), cupy.float64)
+            self.head_z = cupy.empty((B, H, 2), cupy.float64)
+            self.acc = cupy.zeros((B * H * (D + 1),), cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         self.lse = cupy.empty((B, H), cupy.float32)
         self.spread = cupy.empty((B, H), cupy.float32)
@@ -273,6 +283,10 @@ class DecodePlan:
             if not self.dense_merges_itself:
                 self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
+        if self._warp:                       # score + prefix, then sample + gather + finish
+            self._score_fused(q, k_cache, lengths)
+            self._tile_warp(v_cache, lengths, layer, out)
+            return out
         self.rows_read.fill(0)
         if self.two_pass:
             self._score_and_prefix(q, k_cache, lengths)
@@ -293,6 +307,10 @@ class DecodePlan:
             return {f"dense split-KV ({self.dense_kernel})": split,
                     "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows)}
         stages = {}
+        if self._warp:
+            stages["score + prefix"] = lambda: self._score_fused(q, k_cache, lengths)
+            stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
+            return stages
         if self.two_pass:
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
         stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(
@@ -352,8 +370,10 @@ class DecodePlan:
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
         elif self.score_kernel in ("mma", "mma_ring"):   # one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
+            nothing = self._no_counts
             kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s), smem)
+                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(0), nothing, nothing, nothing,
+                            nothing, nothing, nothing), smem)
         else:
             tps = self.score_tiles_per_split
             kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
@@ -364,16 +384,34 @@ class DecodePlan:
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
                        threads=kernels.PREFIX_THREADS)
 
+    def _score_fused(self, q, k_cache, lengths):
+        """santa_score_mma with the comb's prefix in its last block per (b, KV head); for the largest
+        remainder budget santa_prefix follows (its Hamilton allocation)."""
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        kernel, smem = self._score_warp_kernel
+        kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
+                       (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
+                        i32(self.T_max), i32(self.score_tpw), self.scores, self.part_s, i32(1), self.arrive[0],
+                        self.m_star, self.cum, self.head_z, self.lse, self.rows_read), smem)
+        if self.budget == "largest_remainder":
+            kernels.launch(self.kernels.prefix, (self.H, self.B),
+                           (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
+                            i32(self.samples), i32(1), self.cdf, self.alloc), threads=kernels.PREFIX_THREADS)
+
+    def _tile_warp(self, v_cache, lengths, layer, out):
+        """santa_tile_warp: one warp per run of tile_tpw tiles samples, gathers and adds into the
+        accumulators; the last warp of each (b, KV head) writes o and spread."""
+        i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
+        kernels.launch(self._warp_kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+                       (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
+                        i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
+                        u64(self.seed), self.step, i32(layer), self.scores, self.cum, self.head_z, self.alloc,
+                        self.part_s, self.acc, self.arrive[1], self.rows_read, out, self.lse, self.spread),
+                       self._warp_smem)
+
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
-        if mode == "fused" and self._warp:                          # one warp per run of tile_tpw tiles
-            kernels.launch(self._warp_kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
-                           (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                            i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
-                            u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc, self.part_s,
-                            self.part_o, rows_read), self._warp_smem)
-            return
         kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),

@@ -211,10 +211,10 @@ def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="globa
                         mma_ok=False) -> str:
     """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
     cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else by
-    the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS where the tensor-core
-    gather exists (mma_ok), "warp_staged" from STAGED_MIN_ROWS, "warp" below. An explicit warp
-    choice must apply."""
-    ok = warp_tile_supported(sampler, group)
+    the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS, "warp_staged" from
+    STAGED_MIN_ROWS, "warp" below. santa_tile_warp follows the tensor-core score pass, whose last
+    block computes the comb's prefix (mma_ok: that pass runs). An explicit warp choice must apply."""
+    ok = warp_tile_supported(sampler, group) and mma_ok
     if choice == "auto":
         if not ok or (budget == "fixed" and kv_bytes <= FUSED_FIXED_MAX_KV_BYTES):
             return "block"
@@ -222,10 +222,9 @@ def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="globa
             return "warp_mma"
         return "warp_staged" if rows_per_tile >= STAGED_MIN_ROWS else "warp"
     if choice in ("warp", "warp_staged", "warp_mma") and not ok:
-        raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic' and heads // kv_heads <= "
-                         f"{WARP_TILE_MAX_G}, got sampler={sampler!r}, group={group}")
-    if choice == "warp_mma" and not mma_ok:
-        raise ValueError(f"tile_kernel='warp_mma' needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}")
+        raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic', heads // kv_heads <= "
+                         f"{WARP_TILE_MAX_G} and the tensor-core score pass (dtype in {MMA_DTYPES}, head_dim in "
+                         f"{MMA_HEAD_DIMS}, score_kernel 'auto' or 'mma'), got sampler={sampler!r}, group={group}")
     return choice
 
 

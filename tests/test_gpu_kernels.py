@@ -224,8 +224,8 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
 
 
 def _skip_without_mma_gather(warp_kernel, dtype, D):
-    if warp_kernel == "warp_mma" and not kernels.mma_supported(dtype, D):
-        pytest.skip("warp_mma: fp16/bf16 at head_dim 64/128 only")
+    if warp_kernel.startswith("warp") and not kernels.mma_supported(dtype, D):
+        pytest.skip("the warp pass 2 follows the tensor-core score pass: fp16/bf16 at head_dim 64/128 only")
 
 
 def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples=96):
@@ -290,7 +290,7 @@ def test_merge_unrolls_agree(method, budget):
     q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, 3000, [3000, 1, 1500], "bfloat16")
     args = to_gpu(q, k, v, lens)
     plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
-                      method=method, budget=budget, samples=256, seed=2)
+                      method=method, budget=budget, samples=256, seed=2, tile_kernel="block")
     res = []
     for fn in (plan.kernels.merge_wide, plan.kernels.merge):
         plan._merge_fn = fn
@@ -542,7 +542,9 @@ def test_score_v4_matches_v2(G, D, dtype, block_n):
 def test_programmatic_launch_is_bit_identical(options):
     """kernels.set_programmatic_launch(True): every launch may start while the one before it
     finishes; each kernel waits (griddepcontrol.wait) before reading. Two decode steps captured in
-    one graph (the second depends on the first's advance), replayed twice: the same bits as plain."""
+    one graph (the second depends on the first's advance), replayed twice: the same bits as plain
+    (the warp pass 2 adds its runs with float atomics, in any order: there the same lse bits and o
+    to the last bit of a few elements)."""
     import cupy
     rng = np.random.default_rng(21)
     B, H, KVH, D = 3, 32, 8, 128
@@ -571,8 +573,12 @@ def test_programmatic_launch_is_bit_identical(options):
         finally:
             kernels.set_programmatic_launch(False)
 
-    for got, want in zip(run(True), run(False)):
-        np.testing.assert_array_equal(got, want)
+    atomics = options.get("method") == "santa" and options.get("tile_kernel", "auto") != "block"
+    for i, (got, want) in enumerate(zip(run(True), run(False))):
+        if atomics and i % 2 == 0:                               # o
+            assert rel_l2(_as_float(got), _as_float(want)) < 1e-3
+        else:
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("D,heads", [(128, 16), (64, 12)])

@@ -93,12 +93,15 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
          ("dense", "global", "mma", ["decode_dense_mma"]),           # merges in its last block per group
          ("dense", "global", "auto", ["decode_dense_mma"]),
-         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile_warp", "santa_merge"]),
-         ("santa", "global", "mma", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
-         ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]),
+         # the two-launch pipeline: the score pass computes the prefix, the warp pass 2 writes o
+         ("santa", "global", "mma", ["santa_score_mma", "santa_tile_warp"]),
+         ("santa", "global", "auto", ["santa_score_mma", "santa_tile_warp"]),
+         ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp"]),  # + Hamilton
+         # without the tensor-core score pass: the block pass 2 and santa_merge
+         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),      # a small cache: the fused pass
-         ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"]),
-         ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile_warp", "santa_merge"])]
+         ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
+         ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"])]
 
 
 def test_dense_self_merge_rule(launches):
@@ -287,16 +290,18 @@ def test_tile_kernel_choice(launches):
     assert DecodePlan(heads=8, samples=937, **kw).tile_kernel == "warp_staged"  # 15.99 rows
     assert DecodePlan(heads=8, samples=938, **kw).tile_kernel == "warp_mma"
     assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_mma"
-    assert DecodePlan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "warp_staged"
+    # without the tensor-core score pass (float32, head_dim 256) no warp pass 2: it needs that pass's prefix
+    assert DecodePlan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "block"
+    assert DecodePlan(heads=8, score_kernel="stream", **kw).tile_kernel == "block"
     assert DecodePlan(heads=8, samples=2048, tile_kernel="warp_staged", **kw).tile_kernel == "warp_staged"
-    with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs dtype"):
+    with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs .*tensor-core score pass"):
         DecodePlan(heads=8, dtype="float32", tile_kernel="warp_mma", **kw)
     with pytest.raises(ValueError, match="tile_kernel='warp_staged' needs"):
         DecodePlan(heads=8, sampler="iid", tile_kernel="warp_staged", **kw)
     fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
     assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
     assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
-    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **big).tile_kernel == "warp"  # any dtype
+    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **big).tile_kernel == "block"
     assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
@@ -331,9 +336,7 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
         grid, args = by_name[name]
         assert grid == (2, 2, 2)                               # ceil(ceil(24 / 3) / 4) blocks
         assert int(args[params[name].index("tiles_per_warp")]) == 3
-    grid, args = by_name["santa_merge"]
-    assert int(args[params["santa_merge"].index("o_stride")]) == 3
-    assert int(args[params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
+    assert list(by_name) == ["santa_score_mma", "santa_tile_warp"]    # the warp pass 2 writes o itself
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
     assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
     assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
@@ -357,7 +360,7 @@ def test_score_ring_launch(launches):
                       tiles_per_warp=3)
     plan.run(q, k, v, lengths)
     by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
-    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    assert list(by_name) == ["santa_score_mma", "santa_tile_warp"]
     grid, args, smem = by_name["santa_score_mma"]
     assert grid == (2, 2, 2) and smem == kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma_ring") == 65536
     assert kernels.score_smem_bytes("bfloat16", 64, 128, 4, "mma_ring") == 32768
@@ -370,9 +373,9 @@ def test_score_ring_launch(launches):
 
 
 def test_fixed_warp_launch(launches):
-    """The fixed budget on the warp pass 2: score pass and prefix first (the prefix's cdf gives the
-    tile weights), runs of tiles like the other budgets, and the merge sums the pre-weighted run
-    partials (kind weighted, o_stride = the run length)."""
+    """The fixed budget on the warp pass 2: the score pass and its prefix first (the prefix gives the
+    tile weights), runs of tiles like the other budgets, the pre-weighted sums finished by the last
+    warp (no merge launch)."""
     from santa_cupy import DecodePlan
 
     q, k, v, lengths = _inputs(L=3000)
@@ -380,17 +383,14 @@ def test_fixed_warp_launch(launches):
                       tile_kernel="warp", tiles_per_warp=5)
     assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
     plan.run(q, k, v, lengths)
-    assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    assert [name for name, *_ in launches] == ["santa_score_mma", "santa_tile_warp"]
     params = _kernel_params()
     by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
     grid, args = by_name["santa_tile_warp"]
     assert grid == (2, 2, 2)                                   # ceil(ceil(24 / 5) / 4)
     assert int(args[params["santa_tile_warp"].index("budget")]) == kernels.BUDGET_CODE["fixed"]
-    _, margs = by_name["santa_merge"]
-    assert int(margs[params["santa_merge"].index("o_stride")]) == 5
-    assert int(margs[params["santa_merge"].index("kind")]) == kernels.MERGE_WEIGHTED
-    _, pargs = by_name["santa_prefix"]
-    assert int(pargs[params["santa_prefix"].index("budget_lr")]) == 0
+    _, sargs = by_name["santa_score_mma"]
+    assert int(sargs[params["santa_score_mma"].index("fuse_prefix")]) == 1
 
 
 def test_launch_structs_match_the_driver_abi():

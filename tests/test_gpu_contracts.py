@@ -1,0 +1,112 @@
+"""GPU contracts every kernel path keeps (marker gpu; skipped without CuPy and a GPU).
+
+* a sequence of length 0 in a batch: o = 0, lse = -inf, spread = 0, rows_read = 0, whatever the
+  output buffer held (dense and santa, every kernel route);
+* NaN (or inf) in q or K: that sequence's output is NaN, the other sequences are untouched;
+* the two-launch santa pipeline leaves its workspaces as it found them: repeated runs give the same
+  counts (rows_read) and outputs equal up to the order of the float additions.
+"""
+
+import numpy as np
+import pytest
+
+from santa_cupy import DecodePlan, spec
+from tests.gpu_util import random_inputs, rel_l2, requires_gpu, to_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+# (options, what they select); the routes of a plan: dense self-merging / with santa_merge, santa
+# two-launch (warp) pipeline for global / fixed / largest remainder, santa block pass 2 + merge
+ROUTES = [
+    dict(method="dense"),
+    dict(method="dense", dense_kernel="stream"),
+    dict(method="santa", budget="global"),
+    dict(method="santa", budget="fixed", tile_kernel="warp"),
+    dict(method="santa", budget="largest_remainder"),
+    dict(method="santa", budget="global", sampler="iid"),
+    dict(method="santa", budget="fixed", tile_kernel="block"),
+]
+
+
+def _as_float(x):
+    x = x.get() if hasattr(x, "get") else x
+    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
+
+
+def _plan(L_max, **kw):
+    import cupy
+    plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
+                      samples=64, seed=5, **kw)
+    plan.out.view(cupy.uint8).fill(0xFF)                    # NaN in every dtype
+    plan.lse.fill(cupy.nan)
+    plan.spread.fill(cupy.nan)
+    return plan
+
+
+@pytest.mark.parametrize("options", ROUTES, ids=lambda o: "-".join(f"{v}" for v in o.values()))
+def test_length_zero_gives_zero_output_and_minus_inf_lse(options):
+    rng = np.random.default_rng(3)
+    L_max = 700
+    q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, L_max, [700, 1, 300], "bfloat16")
+    lens[1] = 0
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = _plan(L_max, **options)
+    o = _as_float(plan.run(qg, kg, vg, lg))
+    info = plan.info()
+    assert np.array_equal(o[1], np.zeros_like(o[1]))
+    assert np.all(np.isneginf(info.lse.get()[1]))
+    assert np.array_equal(info.spread.get()[1], np.zeros(8, np.float32))
+    assert np.array_equal(np.asarray(info.rows_read.get())[1], np.zeros(2))
+    assert np.all(np.isfinite(o[[0, 2]])) and np.all(np.isfinite(info.lse.get()[[0, 2]]))
+    # the other sequences as in a batch without the empty one
+    ref = _plan(L_max, **options)
+    lens2 = lens.copy()
+    lens2[1] = 5
+    o_ref = _as_float(ref.run(qg, kg, vg, to_gpu(lens2)[0]))
+    assert rel_l2(o[[0, 2]], o_ref[[0, 2]]) < 1e-5
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("options", ROUTES, ids=lambda o: "-".join(f"{v}" for v in o.values()))
+def test_nan_propagates_to_its_sequence_only(options, where):
+    rng = np.random.default_rng(4)
+    L_max = 900
+    q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, L_max, [900, 400, 257], "bfloat16")
+    nan = spec.from_float32(np.array([np.nan], np.float32), "bfloat16", np)[0]
+    if where == "q":
+        q[1, 5, 7] = nan                                     # head 5: KV group 1
+    else:
+        k[1, 333, 1, 9] = nan                                # a row of group 1 inside the length
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = _plan(L_max, **options)
+    o = _as_float(plan.run(qg, kg, vg, lg))
+    assert np.all(np.isnan(o[1, 5])), "the NaN's head must be NaN, not a silent number"
+    assert np.all(np.isfinite(o[[0, 2]]))
+    assert np.all(np.isfinite(o[1, :4]))                     # KV group 0 of the same sequence
+
+
+@pytest.mark.parametrize("budget", ["global", "fixed", "largest_remainder"])
+def test_warp_pipeline_leaves_workspaces_clean(budget):
+    """Counters back to 0, tile maxima to -inf and accumulators to 0 after every call: three runs
+    of the same step give the same rows_read and o (up to the atomics' order), a shorter batch in
+    between changes nothing for the next."""
+    rng = np.random.default_rng(8)
+    L_max = 5000
+    q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, L_max, [5000, 129, 3001], "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = _plan(L_max, budget=budget, tile_kernel="warp" if budget == "fixed" else "auto")
+    assert plan.tile_kernel.startswith("warp")
+    first = _as_float(plan.run(qg, kg, vg, lg))
+    rows = plan.rows_read.get().copy()
+    lse = plan.lse.get().copy()
+    short = lens.copy()
+    short[:] = [17, 1, 64]
+    plan.run(qg, kg, vg, to_gpu(short)[0])
+    for _ in range(2):
+        again = _as_float(plan.run(qg, kg, vg, lg))
+        assert np.array_equal(plan.rows_read.get(), rows)
+        assert np.array_equal(plan.lse.get(), lse)
+        assert rel_l2(again, first) < 1e-5
+    assert int(plan.arrive.sum()) == 0
+    assert np.all(np.isneginf(plan.m_star.get()))
+    assert not plan.acc.any()
