@@ -717,3 +717,70 @@ def test_reference_decode_matches_a_loop():
         w = np.exp(s - s.max())
         assert np.allclose(o[h], (w / w.sum()) @ f(v[1, :, h // 2]), rtol=1e-5, atol=1e-6)
     assert bench.bf16_to_float32(np, np.array([0x3F80, 0xC000], np.uint16)).tolist() == [1.0, -2.0]
+
+
+def _source_gpu_check(script, tmp_path, pythonpath, **env):
+    """Runs `script` in bash after sourcing tools/gpu_check.sh (its functions only) -> its last line."""
+    full = dict(os.environ, PYTHONPATH=str(pythonpath), OUT=str(tmp_path), **env)
+    full.pop("FLASHINFER_OK", None)
+    out = subprocess.run(["bash", "-c", f"source tools/gpu_check.sh || exit 9\n{script}"], cwd=ROOT, env=full,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def flashinfer_dirs(tmp_path):
+    """Two PYTHONPATH folders: one where `import flashinfer` works (a mock), one where it fails."""
+    dirs = {}
+    for name, body in (("importable", "__version__ = '0.6.13'\n"), ("missing", "raise ImportError('mock: absent')\n")):
+        pkg = tmp_path / name / "flashinfer"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(body)
+        dirs[name] = tmp_path / name
+    return dirs
+
+
+def test_perf_script_peers_include_flashinfer_when_it_imports(tmp_path, flashinfer_dirs):
+    assert _source_gpu_check("peers", tmp_path, flashinfer_dirs["importable"]) == "torch-cudnn,torch-flash,flashinfer"
+    assert _source_gpu_check("peers", tmp_path, flashinfer_dirs["missing"]) == "torch-cudnn,torch-flash"
+    # no FlashInfer: no warm-up started, and the methods of perf_run.sh end with the two torch peers
+    assert _source_gpu_check('start_flashinfer_warm; echo "pid=${FLASHINFER_WARM:-}"', tmp_path,
+                             flashinfer_dirs["missing"]) == "pid="
+    text = (ROOT / "tools" / "perf_run.sh").read_text()
+    assert "source tools/gpu_check.sh" in text and ",$(peers)}" in text and text.index("wait_flashinfer_warm") < text.index("$(peers)")
+
+
+@pytest.mark.parametrize("us,want", [(12.0, "torch-cudnn,torch-flash,flashinfer"), (None, "torch-cudnn,torch-flash")])
+def test_perf_script_peers_follow_the_warm_up(tmp_path, flashinfer_dirs, us, want):
+    """A warm-up that timed its point keeps FlashInfer among the peers; one that did not leaves it out
+    (a broken JIT build would otherwise be retried at every point of the grid)."""
+    warm = tmp_path / "warm.json"
+    warm.write_text(json.dumps({"rows": [{"method": "flashinfer", "us": us}]}))
+    got = _source_gpu_check('(exit 0) & FLASHINFER_WARM=$!; wait_flashinfer_warm; peers', tmp_path,
+                            flashinfer_dirs["importable"], FI_WARM_JSON=str(warm))
+    assert got == want
+
+
+def test_device_scripts_install_the_wheels_only_when_carried(tmp_path):
+    """install_wheels is a no-op without .whl/*.whl (pip is not even called: a stand-in that fails)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text("#!/bin/sh\necho called >> \"$OUT/pip_called\"\nexit 1\n")
+    (fake_bin / "python3").chmod(0o755)
+    work = tmp_path / "tree"
+    (work / "tools").mkdir(parents=True)
+    (work / "tools" / "gpu_check.sh").write_text((ROOT / "tools" / "gpu_check.sh").read_text())
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", OUT=str(tmp_path))
+    env.pop("SANTA_WHEELS", None)
+    script = 'source tools/gpu_check.sh || exit 9\ninstall_wheels; echo "ok ${FLASHINFER_DISABLE_VERSION_CHECK:-unset}"'
+    run = lambda: subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True)  # noqa: E731
+    res = run()
+    assert res.stdout.strip() == "ok unset" and not (tmp_path / "pip_called").exists()
+    (work / ".whl").mkdir()
+    (work / ".whl" / "x-1-py3-none-any.whl").write_text("")
+    res = run()                                           # now it calls pip (the stand-in fails: no export)
+    assert (tmp_path / "pip_called").exists() and "ok unset" in res.stdout
+    text = (ROOT / "tools" / "gpu_check.sh").read_text()
+    assert ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
+            ".whl/*.whl") in text and "FLASHINFER_DISABLE_VERSION_CHECK=1" in text
