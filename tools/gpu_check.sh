@@ -14,11 +14,12 @@ install_wheels() {     # once per call: a script that calls this one has install
     && export PYTHONPATH=/tmp/site:$PYTHONPATH FLASHINFER_DISABLE_VERSION_CHECK=1 SANTA_WHEELS=1
 }
 
-# FlashInfer builds its decode kernels with nvcc on first use (a minute or more on a fresh machine):
-# time one tiny point in the background, so that the build overlaps the tests.
+# FlashInfer builds its decode kernels with nvcc on first use (a minute or more on a fresh machine),
+# and its first import may build tvm-ffi's torch addon: time one tiny point in the background, so
+# that both overlap the tests. With the wheels just installed that point is what tries the import.
 start_flashinfer_warm() {
   rm -f "$FI_WARM_JSON"
-  python3 -c "import flashinfer" >/dev/null 2>&1 || return 0
+  [ -n "${SANTA_WHEELS:-}" ] || python3 -c "import flashinfer" >/dev/null 2>&1 || return 0
   MAX_JOBS=${FI_WARM_JOBS:-8} timeout ${FI_WARM_TIMEOUT:-480} python3 bench.py kernels --methods flashinfer \
     --shape "${SHAPES:-llama8b}" --batch 1 --context 1k --no-ceiling --repeats 3 --inner 1 --json "$FI_WARM_JSON" \
     > "$OUT/flashinfer_warm.log" 2>&1 &
