@@ -7,7 +7,9 @@
 kernels: decode attention alone, one DecodePlan per (shape, batch, context, method), timed as a
 captured CUDA graph of many launches over rotating random input buffers (together >= 3x L2), median
 of many replays; the streaming-read and device-copy ceilings are measured in the same run; torch SDPA
-(flash / cudnn / efficient backends) and FlashInfer are the external dense baselines when importable.
+(flash / cudnn / efficient backends) and FlashInfer (our cache seen as pages of 16 rows, tensor cores)
+are the external dense baselines when importable; "x best peer" divides our rows against the fastest
+of cuDNN, FA2 (torch flash) and FlashInfer at the same point.
 e2e: one whole decode step of a Llama-3.1-8B-shaped model with random fp16 weights and a random KV
 cache, captured as a CUDA graph, dense vs SANTA attention. What is counted is in docs/BENCHMARKS.md.
 
@@ -66,6 +68,8 @@ DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systema
                    "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
+# the dense peers of "x best peer" (method name -> label): cuDNN, FA2 (torch SDPA's flash backend), FlashInfer
+PEERS = {"torch-cudnn": "cuDNN", "torch-flash": "FA2", "flashinfer": "FlashInfer"}
 DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
 L2_FACTOR = 3                          # rotating buffers together >= L2_FACTOR x L2
 MAX_COPIES = 64
@@ -122,7 +126,7 @@ def parse_method(name: str) -> Method:
 
 def method_list(names=None, *, full=False, quick=False, have_torch=False, have_flashinfer=False) -> list[Method]:
     """The methods of a run. Explicit names win; else --full / --quick / the default grid, with the
-    external baselines that are importable."""
+    external baselines that are importable (FlashInfer in every grid: it is one of the peers)."""
     if names:
         return [parse_method(n) for n in names]
     if full:
@@ -134,7 +138,7 @@ def method_list(names=None, *, full=False, quick=False, have_torch=False, have_f
     else:
         ours, backends = [parse_method(n) for n in DEFAULT_METHODS], TORCH_BACKENDS
     ext = [Method("torch", backend=b) for b in backends] if have_torch else []
-    if have_flashinfer and not quick:
+    if have_flashinfer:
         ext.append(Method("flashinfer"))
     return ours + ext
 
@@ -207,10 +211,78 @@ def copies_for(bytes_per_copy: int, l2_bytes: int, budget_bytes: int) -> int:
     return min(want, budget_bytes // bytes_per_copy, MAX_COPIES)
 
 
+PAGE_ROWS = 16          # FlashInfer's page size here: a realistic one (one page of L rows runs ~30x slower)
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """Our cache [B, L, KVH, D] as FlashInfer's paged cache ("NHD": [pages, page_rows, KVH, D]).
+
+    Sequence b owns pages b*P .. b*P + P - 1 (P = pages_per_seq = ceil(L / page_rows)); its last page
+    holds last_page_len rows. Each sequence takes `capacity` = P * page_rows rows: when that is L the
+    pages are a free view of the contiguous cache, else the cache is copied (outside the timing) into
+    a padded one whose rows beyond L no page reads."""
+
+    batch: int
+    length: int
+    page_rows: int = PAGE_ROWS
+
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-self.length // self.page_rows)
+
+    @property
+    def capacity(self) -> int:
+        return self.pages_per_seq * self.page_rows
+
+    @property
+    def free_view(self) -> bool:
+        return self.capacity == self.length
+
+    def indptr(self):
+        """kv_indptr [B + 1] (int32): sequence b's pages are indices[indptr[b]:indptr[b + 1]]."""
+        import numpy as np
+        P = self.pages_per_seq
+        return np.arange(0, self.batch * P + 1, P, dtype=np.int32)
+
+    def indices(self):
+        """kv_indices [B * P] (int32): the pages in cache order."""
+        import numpy as np
+        return np.arange(self.batch * self.pages_per_seq, dtype=np.int32)
+
+    def last_page_len(self):
+        """kv_last_page_len [B] (int32), each in 1..page_rows."""
+        import numpy as np
+        return np.full(self.batch, self.length - (self.pages_per_seq - 1) * self.page_rows, dtype=np.int32)
+
+
+def paged_cache(xp, cache, layout: PagedLayout):
+    """cache [B, L, KVH, D] (an xp array) -> its pages [B * P, page_rows, KVH, D]: a view of `cache`
+    when layout.free_view, else a copy of it into a zero-padded [B, capacity, KVH, D]."""
+    B, L, KVH, D = cache.shape
+    if (B, L) != (layout.batch, layout.length):
+        raise ValueError(f"cache of {B} x {L} rows does not match the layout's {layout.batch} x {layout.length}")
+    if not layout.free_view:
+        padded = xp.zeros((B, layout.capacity, KVH, D), dtype=cache.dtype)
+        padded[:, :L] = cache
+        cache = padded
+    return cache.reshape(B * layout.pages_per_seq, layout.page_rows, KVH, D)
+
+
+def best_peer(rows: list[dict]):
+    """(method, µs) of the fastest peer (PEERS) that ran among the rows of one point, or None."""
+    timed = [(r["us"], r["method"]) for r in rows if r["method"] in PEERS and r.get("us")]
+    if not timed:
+        return None
+    us, method = min(timed)
+    return method, us
+
+
 def add_derived(rows: list[dict], ceiling_tbps: float | None) -> list[dict]:
-    """Fill tbps, pct_ceiling, x_dense (our dense us / this us), x_external (best external us / this
-    us) and x_dense_bound (our dense us / (this row's bytes at the ceiling): the largest x_dense its
-    bytes allow) per (shape, B, L). Rows without a time (skipped) get None."""
+    """Fill tbps, pct_ceiling, x_dense (our dense us / this us), x_peer (for our rows: the fastest
+    peer's us / this us, that peer in best_peer), x_external (best external us / this us) and
+    x_dense_bound (our dense us / (this row's bytes at the ceiling): the largest x_dense its bytes
+    allow) per (shape, B, L). Rows without a time (skipped) get None."""
     groups = {}
     for r in rows:
         groups.setdefault((r["shape"], r["B"], r["L"]), []).append(r)
@@ -219,12 +291,16 @@ def add_derived(rows: list[dict], ceiling_tbps: float | None) -> list[dict]:
         dense = next((r["us"] for r in timed if r["method"] == "dense"), None)
         ext = [r["us"] for r in timed if r.get("external")]
         best_ext = min(ext) if ext else None
+        peer = best_peer(group)
         for r in group:
             us = r.get("us")
             r["tbps"] = r["bytes"] / (us * 1e-6) / 1e12 if us and r.get("bytes") else None
             r["pct_ceiling"] = 100.0 * r["tbps"] / ceiling_tbps if r["tbps"] and ceiling_tbps else None
             r["x_dense"] = dense / us if us and dense else None
             r["x_external"] = best_ext / us if us and best_ext else None
+            ours = not r.get("external")
+            r["x_peer"] = peer[1] / us if us and peer and ours else None
+            r["best_peer"] = peer[0] if peer and ours else None
             floor_us = r["bytes"] / (ceiling_tbps * 1e12) * 1e6 if r.get("bytes") and ceiling_tbps else None
             r["x_dense_bound"] = dense / floor_us if dense and floor_us and us else None
     return rows
@@ -249,7 +325,14 @@ def _f(x, spec, suffix=""):
 
 
 KERNEL_COLUMNS = ("shape", "method", "B", "L", "µs (median)", "bytes", "TB/s", "% ceiling",
-                  "x our dense", "max x dense", "x best ext", "rows read", "note")
+                  "x our dense", "x best peer", "max x dense", "x best ext", "rows read", "note")
+
+
+def _peer_cell(r) -> str:
+    """'1.32x (cuDNN)': x best peer and who that peer was; '-' where no peer ran."""
+    if r.get("x_peer") is None:
+        return "-"
+    return f"{r['x_peer']:.2f}x ({PEERS[r['best_peer']]})"
 
 
 def kernel_table(rows: list[dict]) -> str:
@@ -258,7 +341,7 @@ def kernel_table(rows: list[dict]) -> str:
     for r in rows:
         cells = (r["shape"], r["method"], str(r["B"]), fmt_context(r["L"]), _f(r.get("us"), ".1f"),
                  fmt_bytes(r.get("bytes")), _f(r.get("tbps"), ".2f"), _f(r.get("pct_ceiling"), ".0f", "%"),
-                 _f(r.get("x_dense"), ".2f", "x"), _f(r.get("x_dense_bound"), ".2f", "x"),
+                 _f(r.get("x_dense"), ".2f", "x"), _peer_cell(r), _f(r.get("x_dense_bound"), ".2f", "x"),
                  _f(r.get("x_external"), ".2f", "x"), _f(r.get("rows_frac"), ".2%"), (r.get("note") or "").replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -317,6 +400,12 @@ def write_outputs(meta, ceiling, rows, table, *, json_path=None, markdown_path=N
 
 def _log(msg):
     click.echo(msg, err=True)
+
+
+def _exc_line(exc, width=120) -> str:
+    """'TypeName: first line of the message' (cut to width) for a row's note."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:width] if text else ''}"
 
 
 # =================================== GPU (needs CuPy) ===========================================
@@ -556,15 +645,19 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
 TORCH_BACKEND_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
+def as_torch(torch, a, dtype: str):
+    """A CuPy array of storage dtype `dtype` as a torch tensor over the same memory (no copy). bf16
+    (uint16 bit patterns here) goes through int16 so that DLPack and .view(bfloat16) are both plain."""
+    if dtype == "bfloat16":
+        return torch.from_dlpack(a.view("int16")).view(torch.bfloat16)
+    return torch.from_dlpack(a)
+
+
 def torch_inputs(torch, inputs, shape: Shape, repeat_kv: int = 1):
     """Our copies -> torch q [B,H,1,D], k/v [B,KVH*repeat,L,D] (transposed/copied once, outside any
-    timing). bf16 goes through int16 so that DLPack and .view(bfloat16) are both plain."""
-    tdt = torch.bfloat16 if shape.dtype == "bfloat16" else getattr(torch, shape.dtype)
-
+    timing)."""
     def conv(a):
-        if shape.dtype == "bfloat16":
-            a = a.view("int16")
-        return torch.from_dlpack(a).view(tdt)
+        return as_torch(torch, a, shape.dtype)
 
     out = []
     for q, k, v in inputs:
@@ -609,32 +702,104 @@ def bench_torch(torch, cp, method: Method, shape: Shape, B, L, inputs, n_inner, 
     return {"us": None, "note": "skipped: " + "; ".join(errors)}
 
 
-def bench_flashinfer(torch, flashinfer, cp, shape: Shape, B, L, inputs, n_inner, repeats) -> dict:
-    """FlashInfer batch decode, our [B, L, KVH, D] cache seen as B pages of L rows (NHD), zero copy."""
+FLASHINFER_WORKSPACE_BYTES = 128 << 20     # the float workspace FlashInfer's docs recommend
+FLASHINFER_CHECK_TOLERANCE = 2e-2          # relative L2 error of its output against reference_decode
+# why FlashInfer could not plan at the first point of this process (its JIT build or import broken):
+# later points skip it instead of paying a failing build each
+_flashinfer_broken = {"planned": False, "why": None}
+
+
+def bf16_to_float32(xp, bits):
+    """uint16 bf16 bit patterns -> float32 values (exact)."""
+    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+
+
+def reference_decode(xp, q, k, v, b: int, dtype: str):
+    """Exact decode attention of sequence b in float32: q [B, H, D], k/v [B, L, KVH, D] (storage
+    dtype `dtype`, xp arrays) -> o [H, D]; GQA groups of H / KVH consecutive query heads."""
+    f32 = (lambda a: bf16_to_float32(xp, a)) if dtype == "bfloat16" else (lambda a: a.astype(xp.float32))
+    H, D = q.shape[1:]
+    KVH = k.shape[2]
+    qb = f32(q[b]).reshape(KVH, H // KVH, D)
+    s = xp.einsum("kgd,lkd->kgl", qb, f32(k[b])) / math.sqrt(D)
+    p = xp.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return xp.einsum("kgl,lkd->kgd", p, f32(v[b])).reshape(H, D)
+
+
+def relative_error(xp, got, want) -> float:
+    return float(xp.linalg.norm((got - want).ravel()) / xp.linalg.norm(want.ravel()))
+
+
+def flashinfer_decode(torch, flashinfer, shape: Shape, layout: PagedLayout, device):
+    """A planned BatchDecodeWithPagedKVCacheWrapper (FlashInfer 0.6.13's API) for our cache seen as
+    `layout`: NHD pages, tensor cores, no soft cap / window / RoPE, scale 1/sqrt(D). plan() copies
+    the page table to the host (a sync), so it runs here, once, outside any timing."""
+    tdt = torch.bfloat16 if shape.dtype == "bfloat16" else getattr(torch, shape.dtype)
+    workspace = torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)   # zeroed: first use
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+
+    def table(a):
+        return torch.from_numpy(a).to(device)
+
+    wrapper.plan(table(layout.indptr()), table(layout.indices()), table(layout.last_page_len()),
+                 shape.heads, shape.kv_heads, shape.head_dim, layout.page_rows,
+                 q_data_type=tdt, kv_data_type=tdt)
+    return wrapper
+
+
+def bench_flashinfer(torch, flashinfer, cp, shape: Shape, B, L, inputs, n_inner, repeats, pdl=False) -> dict:
+    """FlashInfer batch decode over the rotating inputs, our [B, L, KVH, D] cache seen as B*ceil(L/16)
+    pages of 16 rows (PagedLayout), timed as ours are (time_torch_graph: a graph of n_inner run()s,
+    eager if capture fails). Its output on the first copy is checked against reference_decode for
+    the first and last sequence (a wrong page table would time garbage) before any timing."""
+    if _flashinfer_broken["why"]:
+        return {"us": None, "note": f"skipped: FlashInfer did not plan at this run's first point ({_flashinfer_broken['why']})"}
+    layout = PagedLayout(B, L)
+    device = torch.device("cuda", cp.cuda.Device().id)
+    wrapper = None
     try:
-        tdt = torch.bfloat16
+        try:
+            wrapper = flashinfer_decode(torch, flashinfer, shape, layout, device)
+        except Exception as exc:
+            if not _flashinfer_broken["planned"]:
+                _flashinfer_broken["why"] = _exc_line(exc, 80)
+            raise
+        _flashinfer_broken["planned"] = True
+        pages = [(as_torch(torch, q, shape.dtype), as_torch(torch, paged_cache(cp, k, layout), shape.dtype),
+                  as_torch(torch, paged_cache(cp, v, layout), shape.dtype)) for q, k, v in inputs]
+        out = torch.empty((B, shape.heads, shape.head_dim), dtype=pages[0][0].dtype, device=device)
 
-        def conv(a):
-            return torch.from_dlpack(a.view("int16")).view(tdt)
+        def call(q, k, v):
+            return wrapper.run(q, (k, v), out=out, enable_pdl=pdl)
 
-        dev = torch.device("cuda")
-        ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-        indptr = torch.arange(B + 1, dtype=torch.int32, device=dev)
-        indices = torch.arange(B, dtype=torch.int32, device=dev)
-        last = torch.full((B,), L, dtype=torch.int32, device=dev)
-        wrapper.plan(indptr, indices, last, shape.heads, shape.kv_heads, shape.head_dim, L,
-                     q_data_type=tdt, kv_data_type=tdt)
-        tins = [(conv(q), conv(k), conv(v)) for q, k, v in inputs]
-        fns = [lambda q=q, k=k, v=v: wrapper.run(q, (k, v)) for q, k, v in tins]
-        cp.cuda.Device().synchronize()
+        call(*pages[0])
+        torch.cuda.synchronize()
+        got = cp.from_dlpack(out.view(torch.int16) if shape.dtype == "bfloat16" else out)
+        got = bf16_to_float32(cp, got.view(cp.uint16)) if shape.dtype == "bfloat16" else got.astype(cp.float32)
+        q0, k0, v0 = inputs[0]
+        err = max(relative_error(cp, got[b], reference_decode(cp, q0, k0, v0, b, shape.dtype)) for b in {0, B - 1})
+        if not err <= FLASHINFER_CHECK_TOLERANCE:
+            return {"us": None, "check_error": err,
+                    "note": f"failed: output differs from the exact reference (relative error {err:.3g})"}
+        fns = [lambda q=q, k=k, v=v: call(q, k, v) for q, k, v in pages]
         us, mode = time_torch_graph(torch, fns, n_inner, repeats)
-        return {"us": us, "timing": mode, "note": f"flashinfer {getattr(flashinfer, '__version__', '?')}"}
+        view = "a free view" if layout.free_view else f"K/V copied to {layout.capacity}-row capacity outside timing"
+        return {"us": us, "timing": mode, "check_error": err,
+                "note": f"flashinfer {getattr(flashinfer, '__version__', '?')}: {layout.pages_per_seq} pages of "
+                        f"{layout.page_rows} rows per sequence ({view}), tensor cores, pdl {'on' if pdl else 'off'}"}
     except Exception as exc:
-        return {"us": None, "note": f"skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+        import traceback
+        _log(f"flashinfer B={B} L={L}: {traceback.format_exc()}")     # a JIT build's whole log
+        return {"us": None, "note": f"failed: {_exc_line(exc)}"}
+    finally:
+        wrapper = pages = out = fns = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
-def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_bytes, n_inner, repeats) -> list[dict]:
+def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_bytes, n_inner, repeats,
+                 pdl=False) -> list[dict]:
     """All methods of one (shape, B, L) on the same rotating inputs."""
     base = {"shape": shape.name, "B": B, "L": L}
     n = copies_for(kv_bytes(shape, B, L), l2, budget_bytes)
@@ -652,7 +817,7 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
             elif m.kind == "torch" and torch is not None:
                 row.update(bench_torch(torch, cp, m, shape, B, L, inputs, n_inner, repeats, budget_bytes, l2))
             elif m.kind == "flashinfer" and flashinfer is not None and torch is not None:
-                row.update(bench_flashinfer(torch, flashinfer, cp, shape, B, L, inputs, n_inner, repeats))
+                row.update(bench_flashinfer(torch, flashinfer, cp, shape, B, L, inputs, n_inner, repeats, pdl))
             else:
                 row.update(us=None, note=f"skipped: {m.kind} not importable")
         except Exception as exc:
@@ -715,7 +880,8 @@ def bench():
               "torch-<flash|cudnn|efficient>, flashinfer). Default: dense, santa-global-systematic-256, "
               "santa-fixed-systematic-2048, torch SDPA backends and flashinfer when importable.")
 @click.option("--full", is_flag=True, help="The whole method grid (3 budgets x 3 samplers x S in 128/256/512/2048).")
-@click.option("--quick", is_flag=True, help="llama8b, batch 1 and 16, context 32k, dense / two santa / torch flash+cudnn.")
+@click.option("--quick", is_flag=True, help="llama8b, batch 1 and 16, context 32k, dense / two santa / torch "
+                                           "flash+cudnn / flashinfer.")
 @click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True, help="Timed graph replays (median).")
 @click.option("--inner", type=click.IntRange(min=1), default=20, show_default=True, help="Launches per captured graph.")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=20.0, show_default=True,
@@ -741,7 +907,7 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
     cp = _cupy()
     torch, flashinfer = _optional_torch(), _optional_flashinfer()
     method_objs = method_list(names, full=full, quick=quick, have_torch=torch is not None,
-                              have_flashinfer=flashinfer is not None)
+                              have_flashinfer=flashinfer is not None and torch is not None)
     meta = dict(run_metadata("kernels"), **gpu_metadata(cp, torch),
                 timing=f"CUDA graph of >= {inner} launches over rotating inputs (>= {L2_FACTOR}x L2), "
                        f"median of {repeats} replays")
@@ -759,7 +925,7 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
                                item_show_func=lambda c: c and f"{c[0].name} B={c[1]} L={fmt_context(c[2])}") as bar:
             for shape, B, L in bar:
                 rows += bench_config(cp, torch, flashinfer, shape, B, L, method_objs, l2=meta["l2_bytes"],
-                                     budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats)
+                                     budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats, pdl=pdl)
     finally:
         kernels.set_programmatic_launch(False)
     add_derived(rows, ceiling and ceiling["read_tbps"])

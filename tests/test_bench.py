@@ -2,7 +2,10 @@
 numbers, table/JSON formatting and argument errors. The GPU paths are exercised on the H200 only."""
 
 import json
+import os
+import subprocess
 import sys
+import types
 from pathlib import Path
 
 import click
@@ -66,7 +69,7 @@ def test_method_lists():
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
     assert [m.name for m in bench.method_list()] == ours
     quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
-    assert quick == ours + ["torch-flash", "torch-cudnn"]
+    assert quick == ours + ["torch-flash", "torch-cudnn", "flashinfer"]        # every peer, --quick too
     assert bench.parse_method("santa-global-iid-64-async").backend == "async"
     assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
@@ -159,7 +162,9 @@ def test_kernel_table_and_header():
     lines = table.strip().splitlines()
     assert len(lines) == 2 + len(rows)
     assert all(line.count("|") == len(bench.KERNEL_COLUMNS) + 1 for line in lines)   # "|" in notes escaped
-    assert "| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 1.00x | 2.50x | 3.00% |" in table
+    assert ("| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 2.50x (FA2) | "
+            "1.00x | 2.50x | 3.00% |") in table
+    assert "| llama8b | torch-flash | 1 | 32k | 50.0 | 400 MB | 8.00 | 160% | 0.80x | - |" in table   # peers: no column
     assert "| - | - |" in table                                                        # skipped row
     meta = {"command": "kernels", "gpu": "NVIDIA H200", "cupy": "14.2", "date": "2026", "commit": None}
     head = bench.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 2 << 30, "copy_tbps": 4.2})
@@ -403,3 +408,379 @@ def test_e2e_with_a_checkpoint_on_the_gpu(tmp_path):
     assert [r["method"] for r in rows] == ["dense", "santa-global-systematic-64"]
     assert all(r["ms"] > 0 and r["timing"] == "graph" for r in rows)
     assert 0 < rows[1]["rows_frac"] <= 1
+
+
+# ---- peers: FlashInfer's page view, the best-peer column, the method lists, the device scripts --------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def flashinfer_seq_lens(indptr, last_page_len, page_size):
+    """FlashInfer 0.6.13's own reading of a page table (flashinfer/page.py, get_seq_lens)."""
+    import numpy as np
+    return np.maximum(indptr[1:] - indptr[:-1] - 1, 0) * page_size + last_page_len
+
+
+@pytest.mark.parametrize("B,L,pages,last", [(3, 64, 4, 16), (2, 32768, 2048, 16), (1, 16, 1, 16),
+                                            (3, 50, 4, 2), (2, 1, 1, 1), (4, 8191, 512, 15)])
+def test_paged_layout(B, L, pages, last):
+    np = pytest.importorskip("numpy")
+    lay = bench.PagedLayout(B, L)
+    assert lay.page_rows == 16 and lay.pages_per_seq == pages and lay.capacity == 16 * pages
+    assert lay.free_view == (L % 16 == 0)
+    indptr, indices, last_len = lay.indptr(), lay.indices(), lay.last_page_len()
+    assert all(a.dtype == np.int32 for a in (indptr, indices, last_len))
+    assert indptr.tolist() == [b * pages for b in range(B + 1)]                   # arange(0, B*P + 1, P)
+    assert indices.tolist() == list(range(B * pages))
+    assert last_len.tolist() == [last] * B and 1 <= last <= 16
+    assert flashinfer_seq_lens(indptr, last_len, 16).tolist() == [L] * B          # every sequence is L rows
+
+
+@pytest.mark.parametrize("L", [64, 50])
+def test_paged_cache_is_a_free_view_or_a_padded_copy(L):
+    np = pytest.importorskip("numpy")
+    B, KVH, D = 3, 2, 4
+    cache = np.arange(B * L * KVH * D, dtype=np.uint16).reshape(B, L, KVH, D)
+    lay = bench.PagedLayout(B, L)
+    pages = bench.paged_cache(np, cache, lay)
+    assert pages.shape == (B * lay.pages_per_seq, 16, KVH, D)
+    assert np.shares_memory(pages, cache) == (L % 16 == 0)                          # no copy when aligned
+    indptr, indices, last = lay.indptr(), lay.indices(), lay.last_page_len()
+    for b in range(B):                                # the rows FlashInfer reads are sequence b's, in order
+        rows = np.concatenate([pages[p] for p in indices[indptr[b]:indptr[b + 1]]])[:(lay.pages_per_seq - 1) * 16 + last[b]]
+        assert np.array_equal(rows, cache[b])
+    with pytest.raises(ValueError, match="does not match"):
+        bench.paged_cache(np, cache, bench.PagedLayout(B, L + 1))
+
+
+def _peer_rows():
+    base = {"shape": "llama8b", "B": 4, "L": 32768}
+    us = {"dense": 40.0, "dense-async": 42.0, "santa-global-systematic-256": 20.0, "torch-cudnn": 30.0,
+          "torch-flash": 35.0, "flashinfer": 28.0, "torch-efficient": 10.0}
+    rows = [dict(base, method=m, external=m.startswith(("torch", "flashinfer")), us=t, bytes=10**8) for m, t in us.items()]
+    rows.append(dict(base, L=8192, method="santa-global-systematic-256", external=False, us=10.0, bytes=10**8))
+    rows.append(dict(base, L=8192, method="flashinfer", external=True, us=None, bytes=10**8, note="failed: x"))
+    rows.append(dict(base, L=8192, method="torch-efficient", external=True, us=5.0, bytes=10**8))
+    return rows
+
+
+def test_best_peer_column():
+    rows = bench.add_derived(_peer_rows(), 5.0)
+    by = {(r["L"], r["method"]): r for r in rows}
+    santa = by[32768, "santa-global-systematic-256"]
+    # the fastest of cuDNN, FA2 and FlashInfer (28 µs), not torch's efficient backend (10 µs, not a peer)
+    assert santa["best_peer"] == "flashinfer" and santa["x_peer"] == pytest.approx(28.0 / 20.0)
+    assert by[32768, "dense"]["x_peer"] == pytest.approx(28.0 / 40.0)
+    assert by[32768, "dense-async"]["x_peer"] == pytest.approx(28.0 / 42.0)
+    assert santa["x_external"] == pytest.approx(10.0 / 20.0)                       # the old column unchanged
+    for peer in ("torch-cudnn", "torch-flash", "flashinfer", "torch-efficient"):   # peers get no x best peer
+        assert by[32768, peer]["x_peer"] is None and by[32768, peer]["best_peer"] is None
+    lone = by[8192, "santa-global-systematic-256"]            # its only peer failed: blank, not 0 or inf
+    assert lone["x_peer"] is None and lone["best_peer"] is None and lone["x_external"] == pytest.approx(0.5)
+    assert bench.best_peer(rows) == ("flashinfer", 28.0) and bench.best_peer(rows[:3]) is None
+    table = bench.kernel_table(rows)
+    assert "| 2.00x | 1.40x (FlashInfer) |" in table and "| 1.00x | 0.70x (FlashInfer) |" in table
+    assert "| llama8b | santa-global-systematic-256 | 4 | 8k | 10.0 | 100 MB | 10.00 | 200% | - | - |" in table
+    header = table.splitlines()[0].split(" | ")
+    assert header[header.index("x our dense") + 1] == "x best peer"
+    for keep in ("bytes", "% ceiling", "max x dense"):
+        assert keep in header
+
+
+def test_best_peer_in_json(tmp_path, capsys):
+    rows = bench.add_derived(_peer_rows(), 5.0)
+    js = tmp_path / "b.json"
+    bench.write_outputs({"command": "kernels"}, None, rows, bench.kernel_table(rows), json_path=str(js))
+    santa = next(r for r in json.loads(js.read_text())["rows"] if r["method"] == "santa-global-systematic-256")
+    assert santa["best_peer"] == "flashinfer" and santa["x_peer"] == pytest.approx(1.4)
+
+
+def _fake_flashinfer_module(version="0.6.13"):
+    mod = types.ModuleType("flashinfer")
+    mod.__version__ = version
+    return mod
+
+
+def test_flashinfer_in_every_method_list_when_it_imports(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer_module())
+    fi = bench._optional_flashinfer()
+    assert fi is sys.modules["flashinfer"]
+    for kw in ({}, {"quick": True}, {"full": True}):
+        names = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=fi is not None, **kw)]
+        assert names[-1] == "flashinfer" and {"torch-cudnn", "torch-flash"} <= set(names)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)                  # `import flashinfer` fails
+    assert bench._optional_flashinfer() is None
+    assert "flashinfer" not in [m.name for m in bench.method_list(have_torch=True, have_flashinfer=False)]
+
+
+@pytest.mark.parametrize("importable", [True, False])
+def test_kernels_cli_runs_the_peers_it_can_import(monkeypatch, tmp_path, importable):
+    """bench kernels --quick with FlashInfer importable (a mock module) or not: the methods handed to
+    bench_config, and x best peer in the JSON and Markdown (stand-ins for the GPU parts)."""
+    monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer_module() if importable else None)
+    monkeypatch.setattr(bench, "_cupy", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(bench, "_optional_torch", lambda: types.SimpleNamespace(__version__="2.9"))
+    monkeypatch.setattr(bench, "gpu_metadata", lambda cp, torch=None: {"gpu": "stand-in", "l2_bytes": 1, "sms": 1})
+    us = {"dense": 40.0, "santa-global-systematic-256": 20.0, "torch-cudnn": 38.0, "torch-flash": 45.0, "flashinfer": 30.0}
+    calls = []
+
+    def fake_config(cp, torch, flashinfer, shape, B, L, methods, **kw):
+        calls.append(([m.name for m in methods], flashinfer, kw["pdl"]))
+        return [dict(shape=shape.name, B=B, L=L, method=m.name, external=m.external, bytes=10**8,
+                     us=us.get(m.name, 50.0)) for m in methods]
+
+    monkeypatch.setattr(bench, "bench_config", fake_config)
+    js, md = tmp_path / "k.json", tmp_path / "k.md"
+    result = CliRunner().invoke(bench.bench, ["kernels", "--quick", "--no-ceiling", "--json", str(js), "--markdown", str(md)])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 2                                                      # B = 1 and 16 at 32k
+    methods, fi, pdl = calls[0]
+    assert ("flashinfer" in methods) == importable and (fi is not None) == importable and pdl is False
+    data = json.loads(js.read_text())
+    assert data["meta"]["flashinfer"] == ("0.6.13" if importable else None)
+    santa = next(r for r in data["rows"] if r["method"] == "santa-global-systematic-256")
+    want = ("flashinfer", 30.0) if importable else ("torch-cudnn", 38.0)
+    assert santa["best_peer"] == want[0] and santa["x_peer"] == pytest.approx(want[1] / 20.0)
+    label = bench.PEERS[want[0]]
+    assert f"| {want[1] / 20.0:.2f}x ({label}) |" in md.read_text()
+
+
+class _Tensor:
+    pass
+
+
+def _numpy_torch():
+    """Just enough of torch for bench_flashinfer on NumPy: tensors are NumPy arrays, bf16 is int16."""
+    np = pytest.importorskip("numpy")
+
+    class Host(np.ndarray):
+        def to(self, device):
+            return np.asarray(self)
+
+    return types.SimpleNamespace(
+        bfloat16=np.dtype(np.int16), int16=np.dtype(np.int16), uint8=np.dtype(np.uint8),
+        device=lambda kind, index=0: f"{kind}:{index}",
+        zeros=lambda n, dtype, device: np.zeros(n, dtype), empty=lambda shape, dtype, device: np.empty(shape, dtype),
+        from_numpy=lambda a: a.view(Host), from_dlpack=np.from_dlpack,
+        cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+
+
+class _NumpyAsCupy:
+    """NumPy standing in for CuPy (cp.cuda.Device().id and the array functions)."""
+
+    def __init__(self):
+        self.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0, synchronize=lambda: None))
+
+    def __getattr__(self, name):
+        import numpy
+        return getattr(numpy, name)
+
+
+class _FakeDecodeWrapper:
+    """FlashInfer 0.6.13's BatchDecodeWithPagedKVCacheWrapper with the signatures of its __init__, plan
+    and run as in flashinfer/decode.py at tag v0.6.13 (a wrong argument name or order fails here), and
+    decode attention computed in NumPy from the page table as FlashInfer reads it."""
+
+    made = []
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto", jit_args=None):
+        self.workspace, self.kv_layout, self.use_tensor_cores = float_workspace_buffer, kv_layout, use_tensor_cores
+        self.plans, self.runs = [], []
+        _FakeDecodeWrapper.made.append(self)
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
+             kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
+             non_blocking=True, block_tables=None, seq_lens=None, fixed_split_size=None, disable_split_kv=False,
+             q_len_per_req=1):
+        import numpy as np
+        self.plans.append(dict(indptr=np.asarray(indptr), indices=np.asarray(indices), last=np.asarray(last_page_len),
+                               heads=(num_qo_heads, num_kv_heads, head_dim), page_size=page_size,
+                               q_data_type=q_data_type, kv_data_type=kv_data_type))
+
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+            return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=None,
+            skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
+        import numpy as np
+        plan = self.plans[-1]
+        k_cache, v_cache = paged_kv_cache                         # NHD: [pages, page_size, KVH, D]
+        assert k_cache.shape[1] == plan["page_size"] and q.dtype == plan["q_data_type"]
+        assert k_cache.dtype == (plan["kv_data_type"] or plan["q_data_type"])
+        self.runs.append(dict(k=k_cache, out=out, enable_pdl=enable_pdl))
+        H, KVH, D = plan["heads"]
+        f32 = lambda a: bench.bf16_to_float32(np, np.ascontiguousarray(a).view(np.uint16))  # noqa: E731
+        for b in range(len(plan["last"])):
+            pages = plan["indices"][plan["indptr"][b]:plan["indptr"][b + 1]]
+            n = (len(pages) - 1) * plan["page_size"] + plan["last"][b]
+            k, v = (np.concatenate([c[p] for p in pages])[:n] for c in (k_cache, v_cache))
+            for h in range(H):
+                s = f32(k[:, h // (H // KVH)]) @ f32(q[b, h]) / np.sqrt(D)
+                w = np.exp(s - s.max())
+                o = (w / w.sum()) @ f32(v[:, h // (H // KVH)])
+                out[b, h] = (o.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+        return out
+
+
+def _fake_flashinfer():
+    _FakeDecodeWrapper.made = []
+    mod = _fake_flashinfer_module("0.6.13-fake")
+    mod.BatchDecodeWithPagedKVCacheWrapper = _FakeDecodeWrapper
+    return mod
+
+
+TINY = bench.Shape("tiny", heads=4, kv_heads=2, head_dim=8)
+
+
+def _bf16_inputs(B, L, copies=2, seed=0):
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(seed)
+
+    def bits(shape):
+        return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    return [(bits((B, TINY.heads, TINY.head_dim)), bits((B, L, TINY.kv_heads, TINY.head_dim)),
+             bits((B, L, TINY.kv_heads, TINY.head_dim))) for _ in range(copies)]
+
+
+@pytest.fixture
+def flashinfer_stand_ins(monkeypatch):
+    timed = []
+
+    def fake_timer(torch, fns, n_inner, repeats, warmup=3):
+        for i in range(n_inner):
+            fns[i % len(fns)]()
+        timed.append(n_inner)
+        return 7.5, "graph"
+
+    monkeypatch.setattr(bench, "time_torch_graph", fake_timer)
+    monkeypatch.setattr(bench, "_flashinfer_broken", {"planned": False, "why": None})
+    return _numpy_torch(), _fake_flashinfer(), _NumpyAsCupy(), timed
+
+
+@pytest.mark.parametrize("L", [64, 50])
+def test_bench_flashinfer_calls_the_0_6_13_api_on_16_row_pages(flashinfer_stand_ins, L):
+    np = pytest.importorskip("numpy")
+    torch, fi, cp, timed = flashinfer_stand_ins
+    B = 3
+    inputs = _bf16_inputs(B, L)
+    row = bench.bench_flashinfer(torch, fi, cp, TINY, B, L, inputs, n_inner=4, repeats=3)
+    assert row["us"] == 7.5 and row["timing"] == "graph", row
+    assert row["check_error"] < 0.01                                    # bf16 rounding of the output only
+    (w,) = _FakeDecodeWrapper.made
+    assert w.kv_layout == "NHD" and w.use_tensor_cores and w.workspace.nbytes == 128 << 20 and not w.workspace.any()
+    (plan,) = w.plans                                                   # planned once, before any run
+    P = -(-L // 16)
+    assert plan["indptr"].tolist() == list(range(0, B * P + 1, P)) and plan["indices"].tolist() == list(range(B * P))
+    assert plan["last"].tolist() == [L - 16 * (P - 1)] * B and plan["page_size"] == 16
+    assert plan["heads"] == (4, 2, 8) and plan["q_data_type"] == torch.bfloat16 == plan["kv_data_type"]
+    assert len(w.runs) == 1 + 4 and timed == [4]                        # the check, then the timed calls
+    assert all(r["out"] is w.runs[0]["out"] and r["enable_pdl"] is False for r in w.runs)
+    views = [np.shares_memory(r["k"], k) for r in w.runs[1:] for _, k, _ in inputs[:1]]
+    assert any(views) == (L % 16 == 0)                                  # zero copy unless L % 16 != 0
+    assert ("a free view" in row["note"]) == (L % 16 == 0) and "tensor cores" in row["note"]
+
+
+def test_bench_flashinfer_refuses_a_wrong_page_table(flashinfer_stand_ins, monkeypatch):
+    """The output check is what makes a wrong view fail before it is timed."""
+    torch, fi, cp, timed = flashinfer_stand_ins
+    np = pytest.importorskip("numpy")
+    monkeypatch.setattr(bench.PagedLayout, "indices", lambda self: np.arange(self.batch * self.pages_per_seq,
+                                                                            dtype=np.int32)[::-1].copy())
+    row = bench.bench_flashinfer(torch, fi, cp, TINY, 2, 64, _bf16_inputs(2, 64), n_inner=2, repeats=3)
+    assert row["us"] is None and "differs from the exact reference" in row["note"] and row["check_error"] > 0.1
+    assert timed == []
+
+
+def test_bench_flashinfer_stops_after_a_failed_first_plan(flashinfer_stand_ins, monkeypatch):
+    torch, fi, cp, timed = flashinfer_stand_ins
+    tries = []
+
+    def broken_plan(self, *a, **k):
+        tries.append(1)
+        raise RuntimeError("Ninja build failed.\nlong log")
+
+    monkeypatch.setattr(_FakeDecodeWrapper, "plan", broken_plan)
+    first = bench.bench_flashinfer(torch, fi, cp, TINY, 1, 32, _bf16_inputs(1, 32), n_inner=2, repeats=3)
+    again = bench.bench_flashinfer(torch, fi, cp, TINY, 2, 32, _bf16_inputs(2, 32), n_inner=2, repeats=3)
+    assert first["us"] is None and first["note"] == "failed: RuntimeError: Ninja build failed."
+    assert again["us"] is None and again["note"].startswith("skipped: FlashInfer did not plan") and tries == [1]
+
+
+def test_reference_decode_matches_a_loop():
+    np = pytest.importorskip("numpy")
+    (q, k, v), = _bf16_inputs(2, 20, copies=1, seed=3)
+    f = lambda a: bench.bf16_to_float32(np, a)  # noqa: E731
+    o = bench.reference_decode(np, q, k, v, 1, "bfloat16")
+    for h in range(TINY.heads):
+        s = f(k[1, :, h // 2]) @ f(q[1, h]) / np.sqrt(TINY.head_dim)
+        w = np.exp(s - s.max())
+        assert np.allclose(o[h], (w / w.sum()) @ f(v[1, :, h // 2]), rtol=1e-5, atol=1e-6)
+    assert bench.bf16_to_float32(np, np.array([0x3F80, 0xC000], np.uint16)).tolist() == [1.0, -2.0]
+
+
+def _source_gpu_check(script, tmp_path, pythonpath, **env):
+    """Runs `script` in bash after sourcing tools/gpu_check.sh (its functions only) -> its last line."""
+    full = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_OK", "FLASHINFER_WARM", "SANTA_WHEELS")}
+    full.update(PYTHONPATH=str(pythonpath), OUT=str(tmp_path), **env)
+    out = subprocess.run(["bash", "-c", f"source tools/gpu_check.sh || exit 9\n{script}"], cwd=ROOT, env=full,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def flashinfer_dirs(tmp_path):
+    """Two PYTHONPATH folders: one where `import flashinfer` works (a mock), one where it fails."""
+    dirs = {}
+    for name, body in (("importable", "__version__ = '0.6.13'\n"), ("missing", "raise ImportError('mock: absent')\n")):
+        pkg = tmp_path / name / "flashinfer"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(body)
+        dirs[name] = tmp_path / name
+    return dirs
+
+
+def test_perf_script_peers_include_flashinfer_when_it_imports(tmp_path, flashinfer_dirs):
+    assert _source_gpu_check("peers", tmp_path, flashinfer_dirs["importable"]) == "torch-cudnn,torch-flash,flashinfer"
+    assert _source_gpu_check("peers", tmp_path, flashinfer_dirs["missing"]) == "torch-cudnn,torch-flash"
+    # no FlashInfer: no warm-up started, and the methods of perf_run.sh end with the two torch peers
+    assert _source_gpu_check('start_flashinfer_warm; echo "pid=${FLASHINFER_WARM:-}"', tmp_path,
+                             flashinfer_dirs["missing"]) == "pid="
+    text = (ROOT / "tools" / "perf_run.sh").read_text()
+    assert "source tools/gpu_check.sh" in text and ",$(peers)}" in text and text.index("wait_flashinfer_warm") < text.index("$(peers)")
+
+
+@pytest.mark.parametrize("us,want", [(12.0, "torch-cudnn,torch-flash,flashinfer"), (None, "torch-cudnn,torch-flash")])
+def test_perf_script_peers_follow_the_warm_up(tmp_path, flashinfer_dirs, us, want):
+    """A warm-up that timed its point keeps FlashInfer among the peers; one that did not leaves it out
+    (a broken JIT build would otherwise be retried at every point of the grid)."""
+    warm = tmp_path / "warm.json"
+    warm.write_text(json.dumps({"rows": [{"method": "flashinfer", "us": us}]}))
+    got = _source_gpu_check('(exit 0) & FLASHINFER_WARM=$!; wait_flashinfer_warm; peers', tmp_path,
+                            flashinfer_dirs["importable"], FI_WARM_JSON=str(warm))
+    assert got == want
+
+
+def test_device_scripts_install_the_wheels_only_when_carried(tmp_path):
+    """install_wheels is a no-op without .whl/*.whl (pip is not even called: a stand-in that fails)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text("#!/bin/sh\necho called >> \"$OUT/pip_called\"\nexit 1\n")
+    (fake_bin / "python3").chmod(0o755)
+    work = tmp_path / "tree"
+    (work / "tools").mkdir(parents=True)
+    (work / "tools" / "gpu_check.sh").write_text((ROOT / "tools" / "gpu_check.sh").read_text())
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", OUT=str(tmp_path))
+    env.pop("SANTA_WHEELS", None)
+    script = 'source tools/gpu_check.sh || exit 9\ninstall_wheels; echo "ok ${FLASHINFER_DISABLE_VERSION_CHECK:-unset}"'
+    run = lambda: subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True)  # noqa: E731
+    res = run()
+    assert res.stdout.strip() == "ok unset" and not (tmp_path / "pip_called").exists()
+    (work / ".whl").mkdir()
+    (work / ".whl" / "x-1-py3-none-any.whl").write_text("")
+    res = run()                                           # now it calls pip (the stand-in fails: no export)
+    assert (tmp_path / "pip_called").exists() and "ok unset" in res.stdout
+    text = (ROOT / "tools" / "gpu_check.sh").read_text()
+    assert ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
+            ".whl/*.whl") in text and "FLASHINFER_DISABLE_VERSION_CHECK=1" in text

@@ -3,6 +3,55 @@
 #   bash tools/gpu_check.sh [pytest -k expression]
 # SMOKE="-k expr": run those kernel tests first under a 90 s limit (a hanging kernel then costs
 # 90 s, not the call); TEST_TIMEOUT: seconds per test (300). Logs go to $OUT or ./out.
+# FlashInfer, a peer of bench kernels, travels as wheels in .whl/ (git-ignored; without them the
+# steps for it do nothing). tools/perf_run.sh and tests/test_bench.py source this file for its
+# functions alone.
+FI_WARM_JSON=${FI_WARM_JSON:-/tmp/flashinfer_warm.json}
+
+install_wheels() {     # once per call: a script that calls this one has installed them already
+  ls .whl/*.whl >/dev/null 2>&1 && [ -z "${SANTA_WHEELS:-}" ] || return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH FLASHINFER_DISABLE_VERSION_CHECK=1 SANTA_WHEELS=1
+}
+
+# FlashInfer builds its decode kernels with nvcc on first use (a minute or more on a fresh machine),
+# and its first import may build tvm-ffi's torch addon: time one tiny point in the background, so
+# that both overlap the tests. With the wheels just installed that point is what tries the import.
+start_flashinfer_warm() {
+  rm -f "$FI_WARM_JSON"
+  [ -n "${SANTA_WHEELS:-}" ] || python3 -c "import flashinfer" >/dev/null 2>&1 || return 0
+  MAX_JOBS=${FI_WARM_JOBS:-8} timeout ${FI_WARM_TIMEOUT:-480} python3 bench.py kernels --methods flashinfer \
+    --shape "${SHAPES:-llama8b}" --batch 1 --context 1k --no-ceiling --repeats 3 --inner 1 --json "$FI_WARM_JSON" \
+    > "$OUT/flashinfer_warm.log" 2>&1 &
+  FLASHINFER_WARM=$!
+}
+
+# Waits for the warm-up (call it in this shell, not in $(...)): FLASHINFER_OK=1 if it timed its point.
+wait_flashinfer_warm() {
+  [ -n "${FLASHINFER_WARM:-}" ] || return 0
+  wait "$FLASHINFER_WARM"; FLASHINFER_WARM=
+  if python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"]; sys.exit(not (r and r[0].get("us")))' \
+      "$FI_WARM_JSON" 2>/dev/null; then
+    FLASHINFER_OK=1; echo "flashinfer warm-up: built, checked and timed one point"
+  else
+    FLASHINFER_OK=0; echo "flashinfer warm-up timed nothing, left out of the peers ($OUT/flashinfer_warm.log):"
+    tail -3 "$OUT/flashinfer_warm.log" 2>/dev/null
+  fi
+}
+
+# The dense peers of bench kernels: cuDNN, FA2 (torch flash) and FlashInfer where it imports (and
+# its warm-up, if one ran, timed its point).
+peers() {
+  local p=torch-cudnn,torch-flash
+  case "${FLASHINFER_OK:-}" in
+    1) p=$p,flashinfer ;;
+    0) ;;
+    *) python3 -c "import flashinfer" >/dev/null 2>&1 && p=$p,flashinfer ;;
+  esac
+  echo "$p"
+}
+
+(return 0 2>/dev/null) && return 0     # sourced: the functions only
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
@@ -17,6 +66,8 @@ K=${1:-}
 export PIP_NO_INDEX=1
 # gguf (pure Python) reads the GGUF inside the wheel; it travels as a wheel beside the second half.
 ls .carry2/gguf-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry2/gguf-*.whl
+install_wheels
+[ -z "${SKIP_BENCH:-}" ] && start_flashinfer_warm
 [ -f .carry1/smol.part.aa ] && mkdir -p /tmp/carry && cp .carry1/smol.part.aa /tmp/carry/
 if [ -f /tmp/carry/smol.part.aa ] && [ -f .carry2/smol.part.ab ]; then
   cat /tmp/carry/smol.part.aa .carry2/smol.part.ab > /tmp/smol.whl
@@ -33,6 +84,7 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
   echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses"; tail -3 "$OUT/memcheck.log"
 fi
 if [ -z "${SKIP_BENCH:-}" ] && [ -f bench.py ]; then
+  wait_flashinfer_warm
   python3 bench.py kernels --quick --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>"$OUT/bench.err" | tail -30
   tail -5 "$OUT/bench.err"
   python3 bench.py stages --batch 16 --context 32k 2>>"$OUT/bench.err" | tee "$OUT/stages.md"

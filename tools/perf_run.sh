@@ -5,12 +5,19 @@
 # Settings (environment): METHODS, SHAPES, BATCHES, CONTEXTS, BENCH_TIMEOUT, SKIP_E2E, and gpu_check.sh's
 # SMOKE / TEST_TIMEOUT / SKIP_SANITIZER. After a kernel change on a short budget, e.g.
 #   SMOKE=warp_tile TEST_TIMEOUT=60 BATCHES=1,16 bash tools/perf_run.sh
+# The default methods end with the peers (cuDNN, FA2, and FlashInfer when its wheels are in .whl/):
+# the table's "x best peer" divides against the fastest of them.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT" /tmp/perf
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+source tools/gpu_check.sh            # install_wheels, start_flashinfer_warm, wait_flashinfer_warm, peers
+install_wheels
+start_flashinfer_warm                # FlashInfer's JIT build overlaps the tests
 SKIP_BENCH=1 bash tools/gpu_check.sh "${1:-}" 2>&1 | tail -12
-M=${METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,santa-fixed-systematic-2048-staged,torch-cudnn}
-timeout ${BENCH_TIMEOUT:-240} python3 bench.py kernels --shape ${SHAPES:-llama8b} --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
+wait_flashinfer_warm
+M=${METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,santa-fixed-systematic-2048-staged,$(peers)}
+echo "bench kernels --methods $M"
+timeout ${BENCH_TIMEOUT:-300} python3 bench.py kernels --shape ${SHAPES:-llama8b} --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
   --methods "$M" --json /tmp/perf/bench.json --markdown /tmp/perf/bench.md 2>/tmp/perf/bench.err | tail -40
 tail -2 /tmp/perf/bench.err
 SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048}
