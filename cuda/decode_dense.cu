@@ -80,7 +80,7 @@ struct DenseState {
         for (int h = 0; h < G; ++h) {
             float m_new = m[h];
 #pragma unroll
-            for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, s[u][h]);
+            for (int u = 0; u < U; ++u) m_new = max_nan(m_new, s[u][h]);   // a NaN score: l NaN
             if (m_new == -SC_INF) continue;          // no valid row yet in this row group
             const float alpha = exp2f(m[h] - m_new);
             float p[U];

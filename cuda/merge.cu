@@ -70,7 +70,7 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
     float m_star = -SC_INF, z = 0.f;
     for (int p = threadIdx.x; p < n_parts; p += SC_MERGE_THREADS) {
         const float4 s4 = st[p];
-        if (s4.y > 0.f) lse_push(m_star, z, s4.x, s4.y);
+        if (s4.y != 0.f) lse_push(m_star, z, s4.x, s4.y);   // a NaN exp-sum makes z NaN
     }
     block_lse(m_star, z, red_m, red_z);
 
@@ -114,9 +114,11 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
     var = 0.f; m2 = 0.f;
     for (int w = 0; w < kWarps; ++w) { var += var_w[w]; m2 += m2_w[w]; }
     float sq = 0.f;
+    const bool poisoned = z != z;                   // a part's exp-sum NaN (a NaN score): o NaN
     for (int d = threadIdx.x; d < D; d += SC_MERGE_THREADS) {
         float sum = 0.f;
         for (int w = 0; w < kWarps; ++w) sum += o_w[w][d];
+        if (poisoned) sum = z;
         out[bh * D + d] = from_float<T>(sum);
         sq = fmaf(sum, sum, sq);
     }

@@ -59,21 +59,6 @@ __device__ __forceinline__ bool block_arrives_last(unsigned* counter, unsigned e
     return is_last;
 }
 
-// Whether this warp is the last of `expected` to arrive at *counter (every lane gets the answer);
-// as block_arrives_last, for kernels whose warps work on their own (santa_tile_warp).
-__device__ __forceinline__ bool warp_arrives_last(unsigned* counter, unsigned expected) {
-    __threadfence();                                    // this lane's accumulations, device-wide
-    __syncwarp();
-    unsigned last = 0u;
-    if ((threadIdx.x & 31) == 0) {
-        last = atomicAdd(counter, 1u) + 1u == expected;
-        if (last) atomicExch(counter, 0u);
-    }
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (last) __threadfence();                          // ... before reading the others' sums
-    return last != 0u;
-}
-
 // Heads head0 .. head0 + G - 1 of an empty sequence (length 0): o = 0, lse = -inf, spread = 0, by
 // one warp. Every method writes this (the contract of DecodePlan.run for a length of 0).
 template <typename T, int D>
@@ -83,29 +68,43 @@ __device__ __forceinline__ void write_empty_heads(T* out, float* lse, float* spr
     for (int h = lane; h < G; h += 32) { lse[head0 + h] = -SC_INF; spread[head0 + h] = 0.f; }
 }
 
+// Copies of the accumulators of santa_tile_warp (blocks add into copy blockIdx.x % SC_ACC_COPIES).
+#define SC_ACC_COPIES 8
+
 // One head's output from the call's accumulators, by one warp, which zeroes them for the next call:
-// o = inv_s * acc[:D] (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks pre-weighted
-// sums, o = acc), spread = sqrt(var / D) with var = max(0, acc_var / S - |o|^2) / S (global) or
+// acc[c * stride + :D] and acc_var[c * stride] summed over the SC_ACC_COPIES copies c;
+// o = inv_s * acc (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks pre-weighted sums,
+// o = acc), spread = sqrt(var / D) with var = max(0, acc_var / S - |o|^2) / S (global) or
 // max(0, acc_var) (fixed). valid false (the head's softmax normaliser was NaN or inf): o = NaN.
 template <typename T, int D>
-__device__ __forceinline__ void finish_head(float* acc, float* acc_var, float inv_s, bool valid, T* out, float* spread) {
+__device__ __forceinline__ void finish_head(float* acc, float* acc_var, i64 stride, float inv_s, bool valid, T* out,
+                                            float* spread) {
     constexpr int E = D / 32;
     const int lane = threadIdx.x & 31;
     const float nan = __int_as_float(0x7fc00000);
-    float o[E], sq = 0.f;
+    float o[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int c = 0; c < SC_ACC_COPIES; ++c)
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            o[e] += __ldcg(acc + c * stride + lane * E + e);
+            acc[c * stride + lane * E + e] = 0.f;
+        }
+    float m2 = 0.f;
+    if (lane < SC_ACC_COPIES) { m2 = __ldcg(acc_var + lane * stride); acc_var[lane * stride] = 0.f; }
+    m2 = warp_sum(m2);
+    float sq = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-        const float x = __ldcg(acc + lane * E + e);
-        acc[lane * E + e] = 0.f;
-        o[e] = valid ? (inv_s > 0.f ? x * inv_s : x) : nan;
+        o[e] = valid ? (inv_s > 0.f ? o[e] * inv_s : o[e]) : nan;
         sq = fmaf(o[e], o[e], sq);
     }
     sq = warp_sum(sq);
 #pragma unroll
     for (int e = 0; e < E; ++e) out[lane * E + e] = from_float<T>(o[e]);
     if (lane == 0) {
-        const float m2 = __ldcg(acc_var);
-        *acc_var = 0.f;
         const float var = inv_s > 0.f ? fmaxf(0.f, m2 * inv_s - sq) * inv_s : fmaxf(0.f, m2);
         *spread = valid ? sqrtf(var / (float)D) : nan;
     }
@@ -155,8 +154,9 @@ __device__ __forceinline__ void warp_merge_dense_head(const float* part_o, const
     const int lane = threadIdx.x & 31;
     float m_star, z, o[E];
     warp_merge_parts<D, true>(part_o, part_s, n_parts, m_star, z, o);
+    const bool poisoned = z != z;                       // a NaN score in some split: o NaN
 #pragma unroll
-    for (int e = 0; e < E; ++e) out[bh * D + lane * E + e] = from_float<T>(o[e]);
+    for (int e = 0; e < E; ++e) out[bh * D + lane * E + e] = from_float<T>(poisoned ? z : o[e]);
     if (lane == 0) {
         lse[bh] = m_star + __logf(z);
         spread[bh] = 0.f;
@@ -199,7 +199,7 @@ __device__ __forceinline__ void block_merge_dense_head(const float* part_o, cons
         float acc = 0.f;
         for (int w = 0; w < kWarps; ++w)
             if (z_s[w] > 0.f) acc = fmaf(__expf(m_s[w] - m_star), o_s[w * D + d], acc);
-        out[bh * D + d] = from_float<T>(acc / z_star);
+        out[bh * D + d] = from_float<T>(z_star != z_star ? z_star : acc / z_star);   // NaN in: NaN out
     }
     if (threadIdx.x == 0) {
         lse[bh] = m_star + __logf(z_star);

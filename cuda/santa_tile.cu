@@ -370,7 +370,7 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
 #define SC_GATHER_STAGED 1
 #define SC_GATHER_MMA 2
 template <typename T, int D, int BN, int G, int kGather>
-__global__ void __launch_bounds__(SC_NTHREADS)
+__global__ void __launch_bounds__(SC_NTHREADS, 4)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
                 int layer, const float* __restrict__ scores, const double* __restrict__ cum,
@@ -394,7 +394,9 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         write_empty_heads<T, D>(out, lse, spread, head0, G);
         if (lane == 0) rows_read[b * KVH + g] = 0;
     }
-    if (t0 >= t_end) return;                                   // whole warp
+    // blocks with work: those whose first warp owns a tile (an empty sequence has none)
+    const unsigned blocks = (unsigned)((n_tiles + kWarps * tiles_per_warp - 1) / (kWarps * tiles_per_warp));
+    if (blockIdx.x >= blocks) return;                          // whole block
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
@@ -416,13 +418,15 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN + G * D)) +
                warp * kStageRows * D;
 
-    float m2p[G];                            // this lane's part of part_s.z (sum c ||V||^2 or the variance)
+    float* m2_w = reinterpret_cast<float*>(rows);              // after the run: its m2 per head
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-        m2p[h] = 0.f;
+    for (int h = 0; h < G; ++h)
 #pragma unroll
         for (int e = 0; e < E; ++e) sums[h * D + e] = 0.f;
-    }
+    if (t0 < t_end) {                                          // whole warp
+    float m2p[G];                            // this lane's part of m2 (sum c ||V||^2 or the variance)
+#pragma unroll
+    for (int h = 0; h < G; ++h) m2p[h] = 0.f;
     // A tile's work is a chain: its inputs (lane h < G: head h's pass-1 (m, l), the prefix's C_t,
     // the allocation) decide its comb; the comb says whether its stash scores are needed; the
     // scores give the counts and so the V rows. The chain is pipelined across tiles: inputs are
@@ -547,26 +551,40 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         rows_total += nsel;
         __syncwarp();                        // cnt and rows are rewritten by the next tile
     }
-    // The chunk's sums join the call's accumulators: acc[b, h, :D] += sums, acc_var[b, h] += m2
-    // (global: sum c ||V||^2; fixed: the tiles' variances). No comb point in the chunk, nothing.
-    float* acc_var = acc + (i64)gridDim.z * H * D;
-    if (rows_total > 0) {
+    // The run's m2 per head into this warp's m2_w (rows is free now); rows read.
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float* dst = acc + (head0 + h) * D + lane * E;
-#pragma unroll
-            for (int e = 0; e < E; ++e) atomicAdd(dst + e, sums[h * D + e]);
-            const float m2 = warp_sum(m2p[h]);
-            if (lane == 0) atomicAdd(acc_var + head0 + h, m2);
-        }
-        if (lane == 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
-    }
-    // The last warp of the (b, KV head) to finish writes o, spread and zeroes the accumulators.
-    if (!warp_arrives_last(arrive + b * KVH + g, (unsigned)((n_tiles + tiles_per_warp - 1) / tiles_per_warp)))
-        return;
     for (int h = 0; h < G; ++h) {
-        const bool valid = __shfl_sync(0xffffffffu, head_ok ? 1 : 0, h) != 0;
-        finish_head<T, D>(acc + (head0 + h) * D, acc_var + head0 + h, fixed ? 0.f : 1.f / (float)samples, valid,
+        const float m2 = warp_sum(m2p[h]);
+        if (lane == 0) m2_w[h] = m2;
+    }
+    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
+    } else if (lane < G) {
+        m2_w[lane] = 0.f;
+    }
+    // The block's 4 runs summed, then added into one of SC_ACC_COPIES copies of the call's
+    // accumulators (by block: fewer atomics on each address); exact zeros (no point) are skipped.
+    __syncthreads();
+    const i64 copy_stride = (i64)gridDim.z * H * (D + 1);
+    float* copy = acc + (i64)(blockIdx.x % SC_ACC_COPIES) * copy_stride;
+    const float* sums_all = reinterpret_cast<const float*>(smem) + kWarps * (G * BN + BN);
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
+        float x = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) x += sums_all[w * G * D + idx];
+        if (x != 0.f) atomicAdd(copy + head0 * D + idx, x);
+    }
+    for (int h = threadIdx.x; h < G; h += SC_NTHREADS) {
+        float x = 0.f;                                         // warp w's m2_w: after its cnt [G][BN]
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) x += reinterpret_cast<const float*>(smem)[w * (G * BN + BN) + G * BN + h];
+        if (x != 0.f) atomicAdd(copy + (i64)gridDim.z * H * D + head0 + h, x);
+    }
+    // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
+    if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
+    for (int h = warp; h < G; h += kWarps) {
+        const double z = __ldcg(&head_z[head0 + h].y);
+        finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)gridDim.z * H * D + head0 + h, copy_stride,
+                          fixed ? 0.f : 1.f / (float)samples, z > 0.0 && z <= 1.7976931348623157e308,
                           out + (head0 + h) * D, spread + head0 + h);
     }
 }

@@ -214,14 +214,15 @@ class DecodePlan:
         self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
         # The two-launch pipeline (warp pass 2): santa_score_mma's last block per (b, KV head) computes
         # the comb's prefix (cum, head_z, lse; m_star gathers the tile maxima), santa_tile_warp's
-        # last warp writes o from the accumulators acc [B*H*D] + acc_var [B*H]. Every workspace is
+        # last block writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add into
+        # copy blockIdx.x % ACC_COPIES: fewer atomics on each address). Every workspace is
         # left as it was found (counters 0, m_star -inf, acc 0), so no call fills anything.
         if self._warp:
             self.arrive = cupy.zeros((2, batch * kv_heads), cupy.uint32)
             self.m_star = cupy.full((B * H,), -np.inf, cupy.float32)
             self.cum = cupy.empty((B, H, self.T_max), cupy.float64)
             self.head_z = cupy.empty((B, H, 2), cupy.float64)
-            self.acc = cupy.zeros((B * H * (D + 1),), cupy.float32)
+            self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         self.lse = cupy.empty((B, H), cupy.float32)
         self.spread = cupy.empty((B, H), cupy.float32)

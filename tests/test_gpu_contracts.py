@@ -106,7 +106,7 @@ def test_warp_pipeline_leaves_workspaces_clean(budget):
         again = _as_float(plan.run(qg, kg, vg, lg))
         assert np.array_equal(plan.rows_read.get(), rows)
         assert np.array_equal(plan.lse.get(), lse)
-        assert rel_l2(again, first) < 1e-5
-    assert int(plan.arrive.sum()) == 0
+        assert rel_l2(again, first) < 1e-4             # float atomics: bf16 flips of a few elements
+    assert int(plan.arrive.get().sum()) == 0
     assert np.all(np.isneginf(plan.m_star.get()))
-    assert not plan.acc.any()
+    assert not plan.acc.get().any()
