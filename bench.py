@@ -61,11 +61,12 @@ KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels
 # K steps in a shared-memory ring (score_kernel="mma_ring")
 SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                         "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
-                        "warpmma": {"tile_kernel": "warp_mma"}}
+                        "warpmma": {"tile_kernel": "warp_mma"},
+                        "always": {"santa_min_length": 0}}       # santa at every length (no dense fallback)
 SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring",) + tuple(SANTA_SUFFIX_OPTIONS)
 DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
-                   "santa-global-systematic-256-block", "santa-global-systematic-256-stream",
-                   "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block")
+                   "santa-global-systematic-256-always", "santa-global-systematic-256-block",
+                   "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
 # the dense peers of "x best peer" (method name -> label): cuDNN, FA2 (torch SDPA's flash backend), FlashInfer
@@ -120,7 +121,7 @@ def parse_method(name: str) -> Method:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged|-warpmma], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged|-warpmma|-always], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -1120,8 +1121,8 @@ def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True
     for m in methods:
         cache.lengths[...] = L
         cache.length, cache.step = L, 0
-        att = AttentionConfig(method=m.kind, **({} if m.kind == "dense" else
-                              dict(samples=m.samples, sampler=m.sampler, budget=m.budget)))
+        att = AttentionConfig(method=m.kind, **({} if m.kind == "dense" else    # santa at every length:
+                              dict(samples=m.samples, sampler=m.sampler, budget=m.budget, santa_min_length=0)))
         tokens = cp.ones((B,), cp.int32)
         if graph:
             gd = GraphDecoder(model, cache, att, gemv=gemv, programmatic_launch=programmatic)

@@ -154,8 +154,8 @@ class Setting:
         from llama_min.model import AttentionConfig
         if self.method == "dense":
             return AttentionConfig(method="dense", block_n=block_n)
-        return AttentionConfig(method="santa", samples=self.samples, sampler=self.sampler,
-                               budget=self.budget, seed=seed, block_n=block_n)
+        return AttentionConfig(method="santa", samples=self.samples, sampler=self.sampler,   # the estimator
+                               budget=self.budget, seed=seed, block_n=block_n, santa_min_length=0)  # everywhere
 
 
 DENSE = Setting()

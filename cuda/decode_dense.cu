@@ -314,7 +314,7 @@ struct MmaDenseState {
             mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
             if (kHi) mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
         }
-        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+        const float mn_lo = max_nan(m_lo, mx_lo), mn_hi = max_nan(m_hi, mx_hi);   // all-NaN scores: m NaN
         const float ref_lo = mn_lo == -SC_INF ? 0.f : mn_lo, ref_hi = mn_hi == -SC_INF ? 0.f : mn_hi;
         const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
         m_lo = mn_lo; m_hi = mn_hi;
@@ -346,7 +346,7 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
                  i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
                  int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
-                 float* __restrict__ lse, float* __restrict__ spread) {
+                 float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
@@ -360,6 +360,10 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     const int g = blockIdx.y;
     const i64 b = blockIdx.z;
     const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
+    // santa_from: sequences this long or longer are the santa kernels' (a santa plan's short
+    // sequences run here; INT_MAX in a dense plan). rows_read [B, KVH]: the rows this kernel read.
+    if (seq_len(lengths, b, L_max) >= santa_from) return;
+    if (blockIdx.x == 0 && threadIdx.x == 0) rows_read[b * KVH + g] = seq_len(lengths, b, L_max);
     if (self_merge && blockIdx.x == 0 && seq_len(lengths, b, L_max) == 0) {   // no split merges: o = 0, lse = -inf
         if (warp == 0) write_empty_heads<T, D>(out, lse, spread, b * H + (i64)g * G, G);
         return;

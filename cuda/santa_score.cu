@@ -234,7 +234,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
                 float4* __restrict__ part_s, int fuse_prefix, unsigned* __restrict__ arrive,
                 float* __restrict__ m_star, double* __restrict__ cum, double2* __restrict__ head_z,
-                float* __restrict__ lse, int* __restrict__ rows_read) {
+                float* __restrict__ lse, int* __restrict__ rows_read, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
@@ -243,7 +243,8 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const int g = blockIdx.y;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
-    const int n_tiles = min(T_max, (n + BN - 1) / BN);
+    // a sequence shorter than santa_from is decode_dense_mma's (a santa plan's dense fallback)
+    const int n_tiles = n < santa_from ? 0 : min(T_max, (n + BN - 1) / BN);
     const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
     const int t_end = min(t_begin + tiles_per_warp, n_tiles);
     const i64 head0 = b * H + (i64)g * G;

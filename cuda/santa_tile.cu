@@ -376,7 +376,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                 int layer, const float* __restrict__ scores, const double* __restrict__ cum,
                 const double2* __restrict__ head_z, const int* __restrict__ alloc, const float4* __restrict__ part_s,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
-                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread) {
+                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
@@ -386,6 +386,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const int g = blockIdx.y;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
+    if (n < santa_from) return;                                // decode_dense_mma's sequence
     const int n_tiles = (n + BN - 1) / BN;
     const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
     const int t_end = min(t0 + tiles_per_warp, n_tiles);

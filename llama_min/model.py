@@ -53,6 +53,9 @@ class AttentionConfig:
     budget: str = "global"       # "fixed" | "global" | "largest_remainder"
     seed: int = 0
     block_n: int | None = None   # None: santa_cupy's default for the method and head dim
+    # GPU: sequences shorter than this decode with exact attention where it is faster ("auto": the
+    # plan's crossover for the shape and device; 0: santa at every length, e.g. for accuracy studies)
+    santa_min_length: int | str = "auto"
 
     def __post_init__(self):
         if self.method not in ("dense", "santa"):
@@ -376,7 +379,7 @@ class LlamaModel:
             batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
             max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
             sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
-            block_n=att.block_n, step=cache.step)
+            block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length)
 
     def _dense_decode_np(self, q, kc, vc, lens, n):
         """Float32 NumPy dense decode over the first n cache rows (rows >= lens[b] masked)."""

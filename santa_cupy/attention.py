@@ -24,6 +24,7 @@ import numpy as np
 from santa_cupy import interop, kernels, reference, spec
 
 STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -34,17 +35,20 @@ class AttentionInfo:
     rows_read [B, KVH] int32: distinct V rows read (union over the GQA group); dense: lengths.
     spread [B, H] float32: estimated standard error of o, RMS over the D coordinates (0 for dense).
     counts [B, H, L_max] int32 sample counts (NumPy path, or GPU with ``return_counts``); else None.
+    dense_fallback [B] bool: the sequences that ran the exact kernel (method dense: all; santa: those
+    shorter than the plan's santa_min_length).
     """
 
     lse: Any
     rows_read: Any
     spread: Any
     counts: Any = None
+    dense_fallback: Any = None
 
 
 def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
-                     return_info=False, return_counts=False):
+                     return_info=False, return_counts=False, santa_min_length="auto"):
     """One decode step of attention for every sequence and head.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
@@ -52,6 +56,9 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     output o [B, H, D] has that dtype. ``method`` "dense" is exact; "santa" samples ``samples``
     value rows per head (``sampler`` iid | stratified | systematic, ``budget`` fixed | global |
     largest_remainder), reproducibly from (seed, step, layer). Returns o, or (o, AttentionInfo).
+    On the GPU, sequences shorter than ``santa_min_length`` run the exact kernel, where it is
+    faster ("auto": the crossover of DecodePlan; 0: santa for every sequence); the NumPy
+    reference always runs the estimator it was asked for.
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     block_n = block_n or spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
@@ -66,7 +73,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
                       max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
                       sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
-                      step=step)
+                      step=step, santa_min_length=santa_min_length)
     o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False)
     if not (return_info or return_counts):
         return o
@@ -90,13 +97,13 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
         o, lse = reference.dense_attention(q, k_cache, v_cache, lengths, shape.scale)
         info = AttentionInfo(lse=lse.astype(np.float32),
                              rows_read=np.repeat(np.asarray(lengths, np.int32)[:, None], shape.KVH, axis=1),
-                             spread=np.zeros((shape.B, shape.H), np.float32))
+                             spread=np.zeros((shape.B, shape.H), np.float32), dense_fallback=np.ones(shape.B, bool))
     else:
         o, lse, rows_read, spread, counts = reference.santa_attention(
             q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
             step=step, layer=layer, scale=shape.scale, block_n=block_n)
         info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
-                             spread=spread.astype(np.float32), counts=counts)
+                             spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool))
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
     return (o, info) if return_info else o
 
@@ -113,7 +120,7 @@ class DecodePlan:
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
                  dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None,
-                 dense_splits=None):
+                 dense_splits=None, santa_min_length="auto", _dense_rows=None):
         import cupy
 
         spec.check_choice("method", method, spec.METHODS)
@@ -169,6 +176,7 @@ class DecodePlan:
                                          or dense_splits < 1):
             raise ValueError(f"dense_splits must be None (automatic) or an integer >= 1, got {dense_splits!r}")
         self._forced_dense_splits = dense_splits
+        self._dense_rows = _dense_rows or max_length        # the longest sequence the dense kernel takes
         # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
         # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
         self.score_tpw = self.tile_tpw = 1
@@ -229,6 +237,38 @@ class DecodePlan:
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)
+        # Never slower than exact: sequences shorter than santa_from run the dense kernel (a dense
+        # sub-plan sharing this plan's outputs), the santa kernels skip them; a dense plan's
+        # kernel takes every sequence.
+        self.santa_from = _INT32_MAX if method == "dense" else self._santa_from(santa_min_length)
+        self._dense_plan = None
+        if method == "santa" and self.santa_from > 1:
+            self._dense_plan = DecodePlan(
+                batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_length=max_length, dtype=dtype,
+                method="dense", scale=self.scale, _dense_rows=min(max_length, self.santa_from - 1))
+            self._dense_plan.santa_from = self.santa_from
+            self._dense_plan.out, self._dense_plan.lse = self.out, self.lse
+            self._dense_plan.spread, self._dense_plan.rows_read = self.spread, self.rows_read
+
+    def _santa_from(self, santa_min_length):
+        """The length from which a sequence runs santa (shorter ones run dense): "auto" derives it
+        from the shape and the device (kernels.santa_min_length), an integer >= 0 sets it (0 or 1:
+        santa for every sequence, e.g. to study the estimator at short lengths). Only the two-launch
+        pipeline (warp pass 2) mixes the two per sequence; other santa plans run santa throughout."""
+        if santa_min_length == "auto":
+            if not self._warp:
+                return 0
+            import cupy
+            return kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
+                                            kernels.device_bandwidth(cupy.cuda.Device().attributes))
+        if isinstance(santa_min_length, bool) or not isinstance(santa_min_length, (int, np.integer)) \
+                or santa_min_length < 0:
+            raise ValueError(f"santa_min_length must be 'auto' or an integer >= 0, got {santa_min_length!r}")
+        if santa_min_length > 1 and not self._warp:
+            raise ValueError(f"santa_min_length={santa_min_length} needs the two-launch santa pipeline (systematic "
+                             f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "
+                             f"got tile_kernel={self.tile_kernel!r}")
+        return int(santa_min_length)
 
     def _score_splits(self):
         """Tiles per block of the v3 score kernel: B * KVH * blocks fills the GPU ~4x over."""
@@ -247,13 +287,17 @@ class DecodePlan:
         return kernels.tiles_per_warp(self.T_max, self.B * self.KVH, slots)
 
     def _dense_splits(self):
-        """(rows per split, splits): whole waves of resident blocks over B * KVH * splits, splits of
+        """(rows per split, splits) over the longest sequence the kernel handles (L_max, or a santa
+        plan's dense fallback's): whole waves of resident blocks over B * KVH * splits, splits of
         >= 256 rows (kernels.wave_fitted_parts), or DecodePlan(dense_splits=N); rows a multiple of
         16, so at most that many splits."""
+        longest = self._dense_rows
         splits = self._forced_dense_splits or self._wave_fitted_dense_splits()
-        rows = -(-self.L_max // splits)
+        if longest < self.L_max:             # a santa plan's fallback: it must merge in its last block
+            splits = min(splits, kernels.DENSE_SELF_MERGE_MAX_SPLITS)
+        rows = -(-longest // splits)
         rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
-        return rows, -(-self.L_max // rows)
+        return rows, -(-longest // rows)
 
     def _wave_fitted_dense_splits(self):
         import cupy
@@ -261,7 +305,7 @@ class DecodePlan:
         attrs = cupy.cuda.Device().attributes
         smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
         slots = kernels.resident_blocks(self._dense_fn, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
-        return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self.L_max // 256)), slots)
+        return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self._dense_rows // 256)), slots)
 
     # ---- launches ---------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
@@ -285,6 +329,10 @@ class DecodePlan:
                 self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         if self._warp:                       # score + prefix, then sample + gather + finish
+            if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
+                self._dense_plan._dense(q, k_cache, v_cache, lengths, out)
+                if self.santa_from > self.L_max:
+                    return out
             self._score_fused(q, k_cache, lengths)
             self._tile_warp(v_cache, lengths, layer, out)
             return out
@@ -309,6 +357,11 @@ class DecodePlan:
                     "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows)}
         stages = {}
         if self._warp:
+            if self._dense_plan is not None:
+                stages["dense (sequences shorter than santa_from)"] = lambda: self._dense_plan._dense(
+                    q, k_cache, v_cache, lengths, self.out)
+                if self.santa_from > self.L_max:
+                    return stages
             stages["score + prefix"] = lambda: self._score_fused(q, k_cache, lengths)
             stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
             return stages
@@ -360,7 +413,8 @@ class DecodePlan:
         args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H), i32(self.KVH),
                 i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
         if self.dense_kernel == "mma":
-            args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread)
+            args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread,
+                     i32(self.santa_from), self.rows_read)
         kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
@@ -374,7 +428,7 @@ class DecodePlan:
             nothing = self._no_counts
             kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
                            (*common, i32(self.score_tpw), self.scores, self.part_s, i32(0), nothing, nothing, nothing,
-                            nothing, nothing, nothing), smem)
+                            nothing, nothing, nothing, i32(0)), smem)
         else:
             tps = self.score_tiles_per_split
             kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
@@ -393,7 +447,7 @@ class DecodePlan:
         kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
                        (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
                         i32(self.T_max), i32(self.score_tpw), self.scores, self.part_s, i32(1), self.arrive[0],
-                        self.m_star, self.cum, self.head_z, self.lse, self.rows_read), smem)
+                        self.m_star, self.cum, self.head_z, self.lse, self.rows_read, i32(self.santa_from)), smem)
         if self.budget == "largest_remainder":
             kernels.launch(self.kernels.prefix, (self.H, self.B),
                            (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
@@ -407,8 +461,8 @@ class DecodePlan:
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cum, self.head_z, self.alloc,
-                        self.part_s, self.acc, self.arrive[1], self.rows_read, out, self.lse, self.spread),
-                       self._warp_smem)
+                        self.part_s, self.acc, self.arrive[1], self.rows_read, out, self.lse, self.spread,
+                        i32(self.santa_from)), self._warp_smem)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
@@ -453,8 +507,10 @@ class DecodePlan:
         if self.method == "dense":
             import cupy
             rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
-            return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread)
-        return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread)
+            return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
+                                 dense_fallback=cupy.ones((self.B,), bool))
+        return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
+                             dense_fallback=self._last_lengths < self.santa_from)
 
     def sample_counts(self, q, k_cache, lengths, *, layer=0):
         """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,6 +359,29 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
     status = _programmatic["launch"](ctypes.byref(cfg), function.ptr, params, None)
     if status != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
+
+
+# Never slower than exact (DecodePlan's santa_min_length="auto"): santa costs a fixed ~15 us more
+# than dense per call (two launches with dependent round trips against one; H200, llama8b shape,
+# B=1: santa 39.9 vs dense 39.3 us at 32k, 25.4 vs 16.1 at 8k, 109 vs 128 at 128k) and saves about
+# one V row read per sequence and token, so it pays once B * n * (KVH * D * itemsize) bytes take
+# longer than that to read: n >= SANTA_FIXED_COST_S * bandwidth / (B * KVH * D * itemsize).
+SANTA_FIXED_COST_S = 15e-6
+DEFAULT_BANDWIDTH = 4.8e12          # bytes/s (H200) where the device does not report its memory
+
+
+def device_bandwidth(device_attributes) -> float:
+    """Peak DRAM bandwidth (bytes/s) from the device's memory clock (kHz) and bus width (bits),
+    double data rate; DEFAULT_BANDWIDTH without them."""
+    clock, width = device_attributes.get("MemoryClockRate"), device_attributes.get("GlobalMemoryBusWidth")
+    if not clock or not width:
+        return DEFAULT_BANDWIDTH
+    return 2.0 * clock * 1e3 * width / 8
+
+
+def santa_min_length(batch, kv_heads, head_dim, itemsize, bandwidth) -> int:
+    """The sequence length from which santa is faster than dense (module comment above)."""
+    return max(1, math.ceil(SANTA_FIXED_COST_S * bandwidth / (batch * kv_heads * head_dim * itemsize)))
 
 
 def resident_blocks(kernel, threads: int = THREADS, shared_mem: int = 0, device_attributes=None) -> int:

@@ -63,9 +63,8 @@ def test_method_errors(name):
 
 def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
-    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-block",
-            "santa-global-systematic-256-stream",
-            "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-block"]
+    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-always",
+            "santa-global-systematic-256-block", "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always"]
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
     assert [m.name for m in bench.method_list()] == ours
     quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
@@ -73,6 +72,8 @@ def test_method_lists():
     assert bench.parse_method("santa-global-iid-64-async").backend == "async"
     assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    assert bench.SANTA_SUFFIX_OPTIONS[bench.parse_method("santa-global-systematic-256-always").backend] == \
+        {"santa_min_length": 0}
     assert bench.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     assert bench.parse_method("santa-global-systematic-256-mma_ring").backend == "mma_ring"
     with pytest.raises(click.BadParameter):                # the ring is a score pass of santa only

@@ -4,7 +4,8 @@
   output buffer held (dense and santa, every kernel route);
 * NaN (or inf) in q or K: that sequence's output is NaN, the other sequences are untouched;
 * the two-launch santa pipeline leaves its workspaces as it found them: repeated runs give the same
-  counts (rows_read) and outputs equal up to the order of the float additions.
+  counts (rows_read) and outputs equal up to the order of the float additions;
+* santa_min_length: shorter sequences get the exact output, longer ones santa's, in one batch.
 """
 
 import numpy as np
@@ -25,6 +26,7 @@ ROUTES = [
     dict(method="santa", budget="largest_remainder"),
     dict(method="santa", budget="global", sampler="iid"),
     dict(method="santa", budget="fixed", tile_kernel="block"),
+    dict(method="santa", budget="global", santa_min_length=500),     # short sequences run dense
 ]
 
 
@@ -35,6 +37,7 @@ def _as_float(x):
 
 def _plan(L_max, **kw):
     import cupy
+    kw = {"santa_min_length": 0, **kw}                       # santa at every length unless told
     plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
                       samples=64, seed=5, **kw)
     plan.out.view(cupy.uint8).fill(0xFF)                    # NaN in every dtype
@@ -110,3 +113,33 @@ def test_warp_pipeline_leaves_workspaces_clean(budget):
     assert int(plan.arrive.get().sum()) == 0
     assert np.all(np.isneginf(plan.m_star.get()))
     assert not plan.acc.get().any()
+
+
+def test_short_sequences_run_dense_in_a_santa_plan():
+    """santa_min_length=1000: sequences of 1..999 rows are exact (as a dense plan, rows_read their
+    length), the others as a santa plan that runs santa everywhere (same counts)."""
+    rng = np.random.default_rng(12)
+    L_max = 3000
+    lens_list = [3000, 999, 1000, 1, 2500, 0]
+    q, k, v, lens = random_inputs(rng, 6, 8, 2, 128, L_max, lens_list, "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    kw = dict(batch=6, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=64, seed=9)
+    mixed = DecodePlan(santa_min_length=1000, **kw)
+    assert mixed.santa_from == 1000
+    o = _as_float(mixed.run(qg, kg, vg, lg))
+    rows, lse = mixed.rows_read.get(), mixed.lse.get()
+    dense = DecodePlan(method="dense", **kw)
+    od = _as_float(dense.run(qg, kg, vg, lg))
+    santa = DecodePlan(santa_min_length=0, **kw)
+    os_ = _as_float(santa.run(qg, kg, vg, lg))
+    short = [1, 3, 5]
+    long = [0, 2, 4]
+    assert rel_l2(o[short], od[short]) < 1e-5
+    assert np.array_equal(rows[short], np.repeat(lens[short][:, None], 2, axis=1))
+    assert np.allclose(lse[short[:2]], dense.lse.get()[short[:2]], rtol=1e-6, atol=1e-6)
+    assert np.all(np.isneginf(lse[5])) and not o[5].any()
+    assert np.array_equal(rows[long], santa.rows_read.get()[long])
+    assert rel_l2(o[long], os_[long]) < 1e-4
+    assert np.allclose(lse[long], santa.lse.get()[long], rtol=1e-6, atol=1e-6)
+    fallback = mixed.info().dense_fallback.get()
+    assert fallback.tolist() == [False, True, False, True, False, True]

@@ -9,10 +9,20 @@ import itertools
 import numpy as np
 import pytest
 
-from santa_cupy import DecodePlan, decode_attention, kernels, reference, spec
+import santa_cupy
+from santa_cupy import kernels, reference, spec
 from tests.gpu_util import DENSE_TOL, random_inputs, rel_l2, requires_gpu, to_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
+
+
+# These tests study the kernels at every length: santa for every sequence (no dense fallback).
+def DecodePlan(**kw):  # noqa: N802
+    return santa_cupy.DecodePlan(**{"santa_min_length": 0, **kw})
+
+
+def decode_attention(*args, **kw):
+    return santa_cupy.decode_attention(*args, **{"santa_min_length": 0, **kw})
 
 GROUPS = (1, 3, 4, 8)
 DIMS = (64, 128, 256)

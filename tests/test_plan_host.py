@@ -149,7 +149,7 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
                       dense_kernel=dense_kernel if method == "dense" else "stream",
                       score_kernel=dense_kernel if method == "santa" and not tile else "stream",
-                      tile_kernel="block" if tile else "auto")
+                      tile_kernel="block" if tile else "auto", santa_min_length=0)
     if not tile:
         assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == \
             ("mma" if dense_kernel == "auto" else dense_kernel)
@@ -327,7 +327,8 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     from santa_cupy import DecodePlan
 
     q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3,
+                      santa_min_length=0)
     assert (plan.score_tpw, plan.tile_tpw, plan.T_max) == (3, 3, 24)
     plan.run(q, k, v, lengths)
     by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
@@ -357,7 +358,7 @@ def test_score_ring_launch(launches):
 
     q, k, v, lengths = _inputs(L=3000)
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, score_kernel="mma_ring",
-                      tiles_per_warp=3)
+                      tiles_per_warp=3, santa_min_length=0)
     plan.run(q, k, v, lengths)
     by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
     assert list(by_name) == ["santa_score_mma", "santa_tile_warp"]
@@ -380,7 +381,7 @@ def test_fixed_warp_launch(launches):
 
     q, k, v, lengths = _inputs(L=3000)
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
-                      tile_kernel="warp", tiles_per_warp=5)
+                      tile_kernel="warp", tiles_per_warp=5, santa_min_length=0)
     assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_score_mma", "santa_tile_warp"]
@@ -433,3 +434,45 @@ def test_decoder_references_agree_with_llama_min():
     w = rng.standard_normal(10)
     rms = np.sqrt((gu * gu).mean(-1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(reference.rms_norm(gu, w, 1e-6), gu / rms * w)
+
+
+def test_short_sequences_run_dense(launches):
+    """santa_min_length: sequences shorter run decode_dense_mma (a dense sub-plan writing into the
+    santa plan's outputs, its splits sized for the longest such sequence), the santa kernels skip
+    them; "auto" derives the length from the shape and the device's bandwidth; a cache shorter than
+    it makes the plan dense throughout (one launch)."""
+    from santa_cupy import DecodePlan
+
+    params = _kernel_params()
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=1000)
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["decode_dense_mma", "santa_score_mma", "santa_tile_warp"]
+    by_name = {name: args for name, _, _, args, _ in launches}
+    for name in by_name:
+        assert int(by_name[name][params[name].index("santa_from")]) == 1000
+    dense = plan._dense_plan
+    assert dense.out is plan.out and dense.lse is plan.lse and dense.rows_read is plan.rows_read
+    assert dense.part_rows * dense.P_max >= 999 and dense.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS
+    assert by_name["decode_dense_mma"][params["decode_dense_mma"].index("self_merge")] == 1
+    # auto: 15 us at the device's bandwidth (the stand-in reports none: 4.8 TB/s) over B * KVH * D * 2 bytes
+    auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    assert auto.santa_from == kernels.santa_min_length(2, 2, 128, 2, 4.8e12) == 70313
+    launches.clear()
+    auto.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["decode_dense_mma"]          # L_max < santa_from: dense only
+    assert kernels.santa_min_length(1, 8, 128, 2, 4.8e12) == 35157          # llama8b shape, B = 1
+    assert kernels.santa_min_length(16, 8, 128, 2, 4.8e12) == 2198
+    assert kernels.device_bandwidth({"MemoryClockRate": 3_201_000, "GlobalMemoryBusWidth": 6144}) == 4.917e12 \
+        or abs(kernels.device_bandwidth({"MemoryClockRate": 3_201_000, "GlobalMemoryBusWidth": 6144}) - 4.917e12) < 1e9
+    # the dense plan's kernel takes every sequence; block-route santa plans do not mix
+    dplan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense")
+    launches.clear()
+    dplan.run(q, k, v, lengths)
+    assert int(launches[0][3][params["decode_dense_mma"].index("santa_from")]) == 2**31 - 1
+    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid").santa_from == 0
+    with pytest.raises(ValueError, match="santa_min_length=500 needs the two-launch"):
+        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid", santa_min_length=500)
+    for bad in (-1, 2.5, "never", True):
+        with pytest.raises(ValueError, match="santa_min_length"):
+            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=bad)
