@@ -122,13 +122,6 @@ __device__ __forceinline__ float max_nan(float a, float b) {
     return r;
 }
 
-// *addr = max(*addr, v) for a non-NaN float, atomically (the integer orderings of the float bit
-// patterns: ascending for v >= 0 as signed, descending for v < 0 as unsigned; -inf is the identity).
-__device__ __forceinline__ void atomic_max_float(float* addr, float v) {
-    if (v >= 0.f) atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
-    else atomicMin(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
-}
-
 // ---- counter-based RNG (docs/DESIGN.md, santa_cupy/rng.py) ---------------------------------
 #define SC_GLOBAL_TILE 0xFFFFFFFFull
 

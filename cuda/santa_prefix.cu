@@ -2,7 +2,10 @@
 //
 // grid (H, B), block 256 (SC_PREFIX_THREADS). From the tile stats of pass 1 it computes, in
 // float64: m* = max m_t, W_t = exp(m_t - m*) l_t, Z, and the inclusive prefix C_t = sum W / Z
-// (C of the last tile set to exactly 1), written to cdf[b, h, t]. For budget largest_remainder
+// (C of the last tile set to exactly 1), written to cdf[b, h, t]; lse[b, h] = m* + log Z (NaN when
+// a score was NaN: the warp pass 2 then writes NaN), and rows_read[b, h / G] = 0 from the first
+// head of each group (santa_tile_warp adds this call's rows). Sequences shorter than santa_from
+// (a santa plan's dense fallback) are left alone. For budget largest_remainder
 // it also writes the Hamilton allocation alloc[b, h, t] of S samples: floor(S w_t) plus one for
 // the S - sum(floor) tiles with the largest remainders (ties: lower t first).
 #include "common.cuh"
@@ -41,13 +44,17 @@ __device__ __forceinline__ double block_scan_d(double v, double* red, double* to
 
 __global__ void __launch_bounds__(SC_PREFIX_THREADS)
 santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths, i64 L_max, int H, int BN,
-             int T_max, int samples, int budget_lr, double* __restrict__ cdf, int* __restrict__ alloc) {
+             int T_max, int samples, int budget_lr, double* __restrict__ cdf, int* __restrict__ alloc,
+             float* __restrict__ lse, int* __restrict__ rows_read, int G, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     __shared__ double red[SC_PREFIX_THREADS / 32];
     const int h = blockIdx.x;
     const i64 b = blockIdx.y;
-    const int n_tiles = (seq_len(lengths, b, L_max) + BN - 1) / BN;
+    const int n = seq_len(lengths, b, L_max);
+    if (n < santa_from || n == 0) return;       // the dense kernel's, or empty (santa_tile_warp writes it)
+    const int n_tiles = (n + BN - 1) / BN;
+    if (threadIdx.x == 0 && h % G == 0) rows_read[b * (H / G) + h / G] = 0;
     const float4* st = part_s + (b * H + h) * T_max;
     double* C = cdf + (b * H + h) * T_max;
 
@@ -66,6 +73,7 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
     }
     __syncthreads();
     const double Z = carry;
+    if (threadIdx.x == 0) lse[b * H + h] = (float)(m_star + log(Z));
     for (int t = threadIdx.x; t < n_tiles; t += SC_PREFIX_THREADS)
         C[t] = (t == n_tiles - 1) ? 1.0 : C[t] / Z;
     if (!budget_lr) return;

@@ -13,8 +13,6 @@
 #include "stream.cuh"
 #include "async_copy.cuh"
 #include "mma.cuh"
-#include "merge.cuh"
-#include "santa_sample.cuh"
 
 // Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
 // its stats into part_s[b, h, t] = (m, l, 0, 0); head0 = b * H + g * G. Whole block.
@@ -167,13 +165,11 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 template <bool kRing, typename T, int D, int BN> struct KeyStream { using type = KeyRun<T, D, BN>; };
 template <typename T, int D, int BN> struct KeyStream<true, T, D, BN> { using type = KeyRing<T, D, BN, SC_KEY_RING>; };
 
-// The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below);
-// m_star != nullptr: the run's largest tile max of each head joins m_star[head] (atomic_max_float).
+// The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
 template <typename T, int D, int BN, int G, bool kRing>
 __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __restrict__ k_cache, int n, float scale,
                                           int KVH, i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
-                                          i64 head0, float* __restrict__ scores, float4* __restrict__ part_s,
-                                          float* m_star) {
+                                          i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
@@ -194,7 +190,6 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __re
     } else {
         kr.start(k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
     }
-    float run_m_lo = -SC_INF, run_m_hi = -SC_INF;       // the run's largest tile max, per head
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
@@ -219,12 +214,6 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __re
             if (own_lo) part_s[(head0 + gi) * T_max + t] = make_float4(lo.m, lo.l, 0.f, 0.f);
             if (own_hi) part_s[(head0 + gi + 8) * T_max + t] = make_float4(hi.m, hi.l, 0.f, 0.f);
         }
-        run_m_lo = fmaxf(run_m_lo, lo.m);
-        run_m_hi = fmaxf(run_m_hi, hi.m);
-    }
-    if (m_star != nullptr && tq == 0) {
-        if (own_lo) atomic_max_float(m_star + head0 + gi, run_m_lo);
-        if (own_hi) atomic_max_float(m_star + head0 + gi + 8, run_m_hi);
     }
 }
 
@@ -232,9 +221,7 @@ template <typename T, int D, int BN, int G, bool kRing>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
-                float4* __restrict__ part_s, int fuse_prefix, unsigned* __restrict__ arrive,
-                float* __restrict__ m_star, double* __restrict__ cum, double2* __restrict__ head_z,
-                float* __restrict__ lse, int* __restrict__ rows_read, int santa_from) {
+                float4* __restrict__ part_s, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
@@ -247,17 +234,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const int n_tiles = n < santa_from ? 0 : min(T_max, (n + BN - 1) / BN);
     const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
     const int t_end = min(t_begin + tiles_per_warp, n_tiles);
-    const i64 head0 = b * H + (i64)g * G;
     if (t_begin < t_end)                                 // whole warp
-        score_run<T, D, BN, G, kRing>(q, k_cache, n, scale, KVH, L_max, T_max, t_begin, t_end, b, g, head0, scores,
-                                      part_s, fuse_prefix ? m_star : nullptr);
-    if (!fuse_prefix) return;                            // santa_prefix follows instead
-    // The comb's prefix, by the last block of this (b, KV head) to finish (blocks with work:
-    // those whose first warp owns a tile).
-    const unsigned blocks = (unsigned)((n_tiles + 4 * tiles_per_warp - 1) / (4 * tiles_per_warp));
-    if (blockIdx.x >= blocks) return;                    // whole block
-    if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
-    for (int h = warp; h < G; h += SC_NTHREADS / 32)
-        warp_head_prefix(part_s, m_star, cum, head_z, lse, head0 + h, n_tiles, T_max);
-    if (threadIdx.x == 0) rows_read[b * KVH + g] = 0;    // santa_tile_warp adds this call's rows
+        score_run<T, D, BN, G, kRing>(q, k_cache, n, scale, KVH, L_max, T_max, t_begin, t_end, b, g,
+                                      b * H + (i64)g * G, scores, part_s);
 }

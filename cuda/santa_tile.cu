@@ -373,8 +373,8 @@ template <typename T, int D, int BN, int G, int kGather>
 __global__ void __launch_bounds__(SC_NTHREADS, 4)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, const float* __restrict__ scores, const double* __restrict__ cum,
-                const double2* __restrict__ head_z, const int* __restrict__ alloc, const float4* __restrict__ part_s,
+                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+                const int* __restrict__ alloc, const float4* __restrict__ part_s,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
     pdl_launch_dependents();
@@ -435,12 +435,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // before this tile's gather, so its DRAM round trip overlaps this tile's.
     // C_{t-1} is the previous tile's C_t, so only C_t travels ahead.
     constexpr int R = BN / 32;
-    // C_t = cum_t / Z (the last tile's exactly 1); a head whose Z is not a positive number (NaN
-    // or inf in its scores) draws no points and its output is NaN (finish_heads).
+    // A head whose log-sum-exp is not finite (NaN or inf in its scores) draws no points and its
+    // output is NaN (finish_head).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
-    const double z_head = lane < G ? head_z[head0 + lane].y : 1.0;
-    const bool head_ok = z_head > 0.0 && z_head <= 1.7976931348623157e308;
-    auto cdf_at = [&](int t) { return t == n_tiles - 1 ? 1.0 : cum[head_row + t] / z_head; };
+    const bool head_ok = lane < G ? isfinite(lse[head0 + lane]) : true;
+    auto cdf_at = [&](int t) { return cdf[head_row + t]; };
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
     double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
     int alloc_ahead = 0;
@@ -582,10 +581,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     }
     // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
     if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
-    for (int h = warp; h < G; h += kWarps) {
-        const double z = __ldcg(&head_z[head0 + h].y);
+    for (int h = warp; h < G; h += kWarps)
         finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)gridDim.z * H * D + head0 + h, copy_stride,
-                          fixed ? 0.f : 1.f / (float)samples, z > 0.0 && z <= 1.7976931348623157e308,
-                          out + (head0 + h) * D, spread + head0 + h);
-    }
+                          fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,
+                          spread + head0 + h);
 }

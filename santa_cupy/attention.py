@@ -220,16 +220,12 @@ class DecodePlan:
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
         self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
-        # The two-launch pipeline (warp pass 2): santa_score_mma's last block per (b, KV head) computes
-        # the comb's prefix (cum, head_z, lse; m_star gathers the tile maxima), santa_tile_warp's
-        # last block writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add into
-        # copy blockIdx.x % ACC_COPIES: fewer atomics on each address). Every workspace is
-        # left as it was found (counters 0, m_star -inf, acc 0), so no call fills anything.
+        # The warp pipeline (score pass, prefix, warp pass 2): santa_tile_warp's last block per
+        # (b, KV head) writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add
+        # into copy blockIdx.x % ACC_COPIES: fewer atomics on each address) and zeroes them; its
+        # arrival counters go back to 0. No call fills anything (santa_prefix zeroes rows_read).
         if self._warp:
-            self.arrive = cupy.zeros((2, batch * kv_heads), cupy.uint32)
-            self.m_star = cupy.full((B * H,), -np.inf, cupy.float32)
-            self.cum = cupy.empty((B, H, self.T_max), cupy.float64)
-            self.head_z = cupy.empty((B, H, 2), cupy.float64)
+            self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         self.lse = cupy.empty((B, H), cupy.float32)
@@ -328,12 +324,12 @@ class DecodePlan:
             if not self.dense_merges_itself:
                 self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
-        if self._warp:                       # score + prefix, then sample + gather + finish
+        if self._warp:                       # score, prefix, then sample + gather + finish
             if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out)
                 if self.santa_from > self.L_max:
                     return out
-            self._score_fused(q, k_cache, lengths)
+            self._score_warp(q, k_cache, lengths)
             self._tile_warp(v_cache, lengths, layer, out)
             return out
         self.rows_read.fill(0)
@@ -362,7 +358,7 @@ class DecodePlan:
                     q, k_cache, v_cache, lengths, self.out)
                 if self.santa_from > self.L_max:
                     return stages
-            stages["score + prefix"] = lambda: self._score_fused(q, k_cache, lengths)
+            stages["score + prefix"] = lambda: self._score_warp(q, k_cache, lengths)
             stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
             return stages
         if self.two_pass:
@@ -425,10 +421,9 @@ class DecodePlan:
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
         elif self.score_kernel in ("mma", "mma_ring"):   # one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
-            nothing = self._no_counts
             kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(0), nothing, nothing, nothing,
-                            nothing, nothing, nothing, i32(0)), smem)
+                           (*common, i32(self.score_tpw), self.scores, self.part_s,
+                            i32(0)), smem)
         else:
             tps = self.score_tiles_per_split
             kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
@@ -436,22 +431,22 @@ class DecodePlan:
                            kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G, "async"))
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
-                        i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc),
-                       threads=kernels.PREFIX_THREADS)
+                        i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
+                        self.rows_read, i32(self.G), i32(0)), threads=kernels.PREFIX_THREADS)
 
-    def _score_fused(self, q, k_cache, lengths):
-        """santa_score_mma with the comb's prefix in its last block per (b, KV head); for the largest
-        remainder budget santa_prefix follows (its Hamilton allocation)."""
+    def _score_warp(self, q, k_cache, lengths):
+        """The warp pipeline's first two launches: santa_score_mma (stash and tile stats), then
+        santa_prefix (the comb's cdf, lse, rows_read zeroed; the Hamilton allocation for the largest
+        remainder budget), both skipping the sequences of the dense fallback."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         kernel, smem = self._score_warp_kernel
         kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
                        (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
-                        i32(self.T_max), i32(self.score_tpw), self.scores, self.part_s, i32(1), self.arrive[0],
-                        self.m_star, self.cum, self.head_z, self.lse, self.rows_read, i32(self.santa_from)), smem)
-        if self.budget == "largest_remainder":
-            kernels.launch(self.kernels.prefix, (self.H, self.B),
-                           (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
-                            i32(self.samples), i32(1), self.cdf, self.alloc), threads=kernels.PREFIX_THREADS)
+                        i32(self.T_max), i32(self.score_tpw), self.scores, self.part_s, i32(self.santa_from)), smem)
+        kernels.launch(self.kernels.prefix, (self.H, self.B),
+                       (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
+                        i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
+                        self.rows_read, i32(self.G), i32(self.santa_from)), threads=kernels.PREFIX_THREADS)
 
     def _tile_warp(self, v_cache, lengths, layer, out):
         """santa_tile_warp: one warp per run of tile_tpw tiles samples, gathers and adds into the
@@ -460,8 +455,8 @@ class DecodePlan:
         kernels.launch(self._warp_kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
-                        u64(self.seed), self.step, i32(layer), self.scores, self.cum, self.head_z, self.alloc,
-                        self.part_s, self.acc, self.arrive[1], self.rows_read, out, self.lse, self.spread,
+                        u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
+                        self.part_s, self.acc, self.arrive, self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from)), self._warp_smem)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):

@@ -97,10 +97,9 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, false>"
         names["score_mma_ring"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, true>"
-    if group <= WARP_TILE_MAX_G:
+    if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # it follows the mma score pass
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp
-            if gather < GATHER_MMA or mma_supported(dtype_name, head_dim):
-                names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}>"
+            names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}>"
     return names
 
 

@@ -90,7 +90,7 @@ def test_nan_propagates_to_its_sequence_only(options, where):
 
 @pytest.mark.parametrize("budget", ["global", "fixed", "largest_remainder"])
 def test_warp_pipeline_leaves_workspaces_clean(budget):
-    """Counters back to 0, tile maxima to -inf and accumulators to 0 after every call: three runs
+    """Counters back to 0 and accumulators to 0 after every call: three runs
     of the same step give the same rows_read and o (up to the atomics' order), a shorter batch in
     between changes nothing for the next."""
     rng = np.random.default_rng(8)
@@ -111,7 +111,6 @@ def test_warp_pipeline_leaves_workspaces_clean(budget):
         assert np.array_equal(plan.lse.get(), lse)
         assert rel_l2(again, first) < 1e-4             # float atomics: bf16 flips of a few elements
     assert int(plan.arrive.get().sum()) == 0
-    assert np.all(np.isneginf(plan.m_star.get()))
     assert not plan.acc.get().any()
 
 
