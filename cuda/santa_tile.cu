@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(SC_NTHREADS, 4)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
                 int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
-                const int* __restrict__ alloc, const float4* __restrict__ part_s,
+                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o, int finish,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
     pdl_launch_dependents();
@@ -558,7 +558,27 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         if (lane == 0) m2_w[h] = m2;
     }
     if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
+    if (!finish) {                           // the run's partial in t0's slots; santa_merge follows
+        if (rows_total == 0) return;         // no comb point: part_s[., t0].zw stay pass 1's zeros
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float sq = 0.f;
+            float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                dst[e] = sums[h * D + e];
+                sq = fmaf(sums[h * D + e], sums[h * D + e], sq);
+            }
+            sq = warp_sum(sq);
+            if (lane == 0) {
+                part_s[(head0 + h) * T_max + t0].z = m2_w[h];
+                part_s[(head0 + h) * T_max + t0].w = sq;
+            }
+        }
+        return;
+    }
     } else if (lane < G) {
+        if (!finish) return;
         m2_w[lane] = 0.f;
     }
     // The block's 4 runs summed, then added into one of SC_ACC_COPIES copies of the call's

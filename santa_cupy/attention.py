@@ -224,6 +224,10 @@ class DecodePlan:
         # (b, KV head) writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add
         # into copy blockIdx.x % ACC_COPIES: fewer atomics on each address) and zeroes them; its
         # arrival counters go back to 0. No call fills anything (santa_prefix zeroes rows_read).
+        # Finishing in the warp pass 2 (atomics, last block) measured faster for few KV groups (B=1:
+        # 11.5 vs 7.4 + 5.9 us with santa_merge), slower for many (B=16 32k: 86 vs 69 + 9 us), so
+        # above kernels.FINISH_MAX_GROUPS the runs write partials and santa_merge follows.
+        self.finish_in_kernel = self._warp and batch * kv_heads <= kernels.FINISH_MAX_GROUPS
         if self._warp:
             self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
@@ -331,6 +335,8 @@ class DecodePlan:
                     return out
             self._score_warp(q, k_cache, lengths)
             self._tile_warp(v_cache, lengths, layer, out)
+            if not self.finish_in_kernel:
+                self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
             return out
         self.rows_read.fill(0)
         if self.two_pass:
@@ -359,7 +365,12 @@ class DecodePlan:
                 if self.santa_from > self.L_max:
                     return stages
             stages["score + prefix"] = lambda: self._score_warp(q, k_cache, lengths)
-            stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
+            if self.finish_in_kernel:
+                stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
+            else:
+                stages["sample + gather (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
+                stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n,
+                                                      self.merge_stride)
             return stages
         if self.two_pass:
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
@@ -414,7 +425,9 @@ class DecodePlan:
         kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
-    def _score_and_prefix(self, q, k_cache, lengths):
+    def _score_and_prefix(self, q, k_cache, lengths, rows_read=None):
+        """Score pass + santa_prefix of the block route (and of the standalone stages, which pass a
+        scratch rows_read so as not to clear the last run's)."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
@@ -432,7 +445,8 @@ class DecodePlan:
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
-                        self.rows_read, i32(self.G), i32(0)), threads=kernels.PREFIX_THREADS)
+                        self.rows_read if rows_read is None else rows_read, i32(self.G), i32(0)),
+                       threads=kernels.PREFIX_THREADS)
 
     def _score_warp(self, q, k_cache, lengths):
         """The warp pipeline's first two launches: santa_score_mma (stash and tile stats), then
@@ -456,7 +470,8 @@ class DecodePlan:
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
-                        self.part_s, self.acc, self.arrive, self.rows_read, out, self.lse, self.spread,
+                        self.part_s, self.part_o, i32(self.finish_in_kernel), self.acc, self.arrive,
+                        self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from)), self._warp_smem)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
@@ -479,8 +494,8 @@ class DecodePlan:
         i32 = kernels.i32
         kernels.launch(self._merge_fn, (self.H, self.B),
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
-                        i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread),
-                       threads=kernels.MERGE_THREADS)
+                        i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread,
+                        i32(self.santa_from if self.method == "santa" else 0)), threads=kernels.MERGE_THREADS)
 
     def _int32_lengths(self, lengths):
         import cupy
@@ -518,6 +533,6 @@ class DecodePlan:
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
         if self.two_pass:                  # the stash the fused run samples from
-            self._score_and_prefix(q, k_cache, lengths)
+            self._score_and_prefix(q, k_cache, lengths, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32))
         self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts)
         return counts

@@ -45,6 +45,7 @@ PREFIX_THREADS = 256
 MERGE_THREADS = 512
 HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 ACC_COPIES = 8        # SC_ACC_COPIES (merge.cuh): copies of santa_tile_warp's accumulators
+FINISH_MAX_GROUPS = 32  # santa_tile_warp writes o itself up to this many (sequence, KV head) groups
 BUDGET_CODE = {"fixed": 0, "global": 1, "largest_remainder": 2}
 SAMPLER_CODE = {"iid": 0, "stratified": 1, "systematic": 2}
 MODE_CODE = {"fused": 0, "sample": 1, "gather": 2}

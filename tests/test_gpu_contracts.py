@@ -142,3 +142,31 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     assert np.allclose(lse[long], santa.lse.get()[long], rtol=1e-6, atol=1e-6)
     fallback = mixed.info().dense_fallback.get()
     assert fallback.tolist() == [False, True, False, True, False, True]
+
+
+@pytest.mark.parametrize("budget", ["global", "fixed"])
+def test_warp_finish_and_merge_routes_agree(budget):
+    """The warp pass 2 finishing o itself (few KV groups) and writing run partials for santa_merge
+    (many): the same counts and rows read, o and spread up to the order of float additions, for
+    the same plan with the route switched; lengths 0 and 1 included."""
+    rng = np.random.default_rng(13)
+    L_max = 4000
+    lens_list = [4000, 0, 1, 2049, 130]
+    q, k, v, lens = random_inputs(rng, 5, 8, 2, 128, L_max, lens_list, "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = DecodePlan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=256,
+                      budget=budget, tile_kernel="warp_staged", seed=4, santa_min_length=0)
+    assert plan.finish_in_kernel                              # 10 groups
+    res = []
+    for finish in (True, False):
+        plan.finish_in_kernel = finish
+        plan.out.fill(0x7FC0)
+        o = _as_float(plan.run(qg, kg, vg, lg))
+        res.append((o, plan.rows_read.get().copy(), plan.spread.get().copy(), plan.lse.get().copy()))
+    (o1, r1, s1, l1), (o2, r2, s2, l2) = res
+    assert np.array_equal(r1, r2)
+    assert np.all(np.isfinite(o1)) and rel_l2(o2, o1) < 1e-4
+    assert np.allclose(s1, s2, rtol=1e-3, atol=1e-6)
+    assert np.allclose(l1[[0, 2, 3, 4]], l2[[0, 2, 3, 4]], rtol=1e-6, atol=1e-6) and np.all(np.isneginf(l2[1]))
+    big = DecodePlan(batch=5, heads=64, kv_heads=8, head_dim=128, max_length=L_max, dtype="bfloat16")
+    assert not big.finish_in_kernel                           # 40 groups > kernels.FINISH_MAX_GROUPS

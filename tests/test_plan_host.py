@@ -475,3 +475,22 @@ def test_short_sequences_run_dense(launches):
     for bad in (-1, 2.5, "never", True):
         with pytest.raises(ValueError, match="santa_min_length"):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=bad)
+
+
+def test_many_groups_merge_after_the_warp_pass(launches):
+    """Above kernels.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 writes run
+    partials and santa_merge follows (o_stride = the run length, its santa_from the plan's)."""
+    from santa_cupy import DecodePlan
+
+    params = _kernel_params()
+    q, k, v, lengths = _inputs(B=2, H=64, KVH=32, L=3000)
+    lengths = np.array([3000, 17], np.int32).view(FakeArray)
+    plan = DecodePlan(batch=2, heads=64, kv_heads=32, head_dim=128, max_length=3000, santa_min_length=0,
+                      tiles_per_warp=3)
+    assert not plan.finish_in_kernel
+    plan.run(q, k, v, lengths)
+    by_name = {name: args for name, _, _, args, _ in launches}
+    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
+    assert int(by_name["santa_tile_warp"][params["santa_tile_warp"].index("finish")]) == 0
+    assert int(by_name["santa_merge"][params["santa_merge"].index("o_stride")]) == 3
+    assert int(by_name["santa_merge"][params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
