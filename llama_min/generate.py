@@ -79,12 +79,13 @@ def _sync(model):
 
 def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
              attention: AttentionConfig = AttentionConfig(), stop_ids=(), on_token=None,
-             use_graph: bool = False) -> GenerationResult:
+             use_graph: bool = False, on_prefill=None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` (a list of ints, batch 1).
 
     Stops early at a token in `stop_ids` (not included in the result) or when the context window
     (max_position_embeddings) is full. `on_token(id)` is called for every kept token.
     `use_graph` (GPU only) replays the decode step as a CUDA graph (GraphDecoder).
+    `on_prefill(done, total)` is called before the prefill and after each of its chunks.
     timings: prefill_s (prompt + first token's logits), decode_s (the decode steps),
     tokens_per_s = decode steps / decode_s (0 when there were none)."""
     prompt = [int(t) for t in prompt_ids]
@@ -105,7 +106,9 @@ def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: Sa
 
     cache = model.new_cache(1, len(prompt) + n_new)
     t0 = time.perf_counter()
-    logits = model.prefill(np.asarray([prompt], dtype=np.int32), cache)
+    if on_prefill is not None:
+        on_prefill(0, len(prompt))
+    logits = model.prefill(np.asarray([prompt], dtype=np.int32), cache, progress=on_prefill)
     tok = sampler(_host(logits)[0])
     t1 = time.perf_counter()
     graph = None

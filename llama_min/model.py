@@ -309,7 +309,7 @@ class LlamaModel:
         if start + T > cache.max_len:
             raise ValueError(f"prompt of {T} tokens after {start} cached does not fit the cache "
                              f"(max_len {cache.max_len})")
-        with self._blas_threads("prefill"):
+        with self._blas_threads("prefill", min(T, chunk)):
             for c0 in range(0, T, chunk):
                 ids_c = ids[:, c0:c0 + chunk]
                 x = self._forward_chunk(ids_c, cache, start + c0)
@@ -326,15 +326,15 @@ class LlamaModel:
         T = ids.shape[1]
         cache = self.new_cache(1, T)
         out = self.xp.empty((T, self.cfg.vocab_size), np.float32)
-        with self._blas_threads("prefill"):
+        with self._blas_threads("prefill", min(T, chunk)):
             for c0 in range(0, T, chunk):
                 x = self._forward_chunk(ids[:, c0:c0 + chunk], cache, c0)
                 out[c0:c0 + x.shape[0]] = self._head(x)
         return out
 
-    def _blas_threads(self, phase):
-        """CPU: the phase's BLAS thread count (llama_min.threads); GPU: nothing."""
-        return threads.blas_threads(phase) if self.xp is np else contextlib.nullcontext()
+    def _blas_threads(self, phase, tokens=1):
+        """CPU: the BLAS thread count of the phase and chunk (llama_min.threads); GPU: nothing."""
+        return threads.blas_threads(phase, tokens) if self.xp is np else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ decode
 
