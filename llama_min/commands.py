@@ -62,7 +62,9 @@ def attention_report(attention) -> dict:
 def sampling_report(sampling) -> dict:
     """The sampling settings that apply: greedy decoding has no temperature, top-k/p or seed."""
     d = sampling.as_dict()
-    return {"greedy": True} if sampling.greedy else d
+    if not sampling.greedy:
+        return d
+    return {k: d[k] for k in ("greedy", "repetition_penalty") if k == "greedy" or d[k] != 1.0}
 
 
 @click.command("generate")
@@ -76,10 +78,13 @@ def sampling_report(sampling) -> dict:
 @click.option("--chat/--no-chat", default=None,
               help="Wrap the prompt in the chat template (default: on when the tokenizer has one).")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
-@click.option("--greedy", is_flag=True, default=False, help="Greedy decoding (the default when no sampling option is given).")
+@click.option("--greedy", is_flag=True, default=False,
+              help="Greedy decoding (default: the model's generation_config.json; greedy if it has none).")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=None, help="Sample with this temperature.")
 @click.option("--top-k", type=click.IntRange(min=0), default=None, help="Sample from the k most likely tokens.")
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None, help="Nucleus sampling mass.")
+@click.option("--repetition-penalty", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Divide the logits of tokens already in the context by this (> 1 discourages loops).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of token sampling and of SANTA attention.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
@@ -92,9 +97,9 @@ def sampling_report(sampling) -> dict:
               help="GPU: replay the decode step as a CUDA graph (default: on for the GPU).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, greedy, temperature, top_k, top_p,
-             seed, device, dtype, method, samples, sampler, budget, cuda_graph, fmt):
+             repetition_penalty, seed, device, dtype, method, samples, sampler, budget, cuda_graph, fmt):
     """Generate text with a Llama-architecture model, dense or SANTA decode attention."""
-    from llama_min import progress, threads
+    from llama_min import generation_config, progress, threads
     from llama_min.generate import SamplingConfig, generate as run_generate
     from llama_min.model import AttentionConfig, LlamaModel
     from llama_min.models import resolve_model
@@ -106,7 +111,6 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     sampling_opts = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
     if greedy and sampling_opts:
         raise click.UsageError(f"--greedy conflicts with --{next(iter(sampling_opts)).replace('_', '-')}")
-    sampling = SamplingConfig(greedy=not sampling_opts, seed=seed, **sampling_opts)
     attention = AttentionConfig(method=method, samples=samples, sampler=sampler, budget=budget, seed=seed)
     device = _pick_device(device)
     if cuda_graph and device != "gpu":
@@ -119,6 +123,8 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
         _log(f"loading {path} on {device} ...")
         model = LlamaModel.from_pretrained(path, device=device, dtype=dtype)
         tok = Tokenizer.from_dir(path)
+        sampling = SamplingConfig(seed=seed, **generation_config.sampling_options(
+            generation_config.load(path), dict(sampling_opts, repetition_penalty=repetition_penalty), greedy))
     except (ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
 

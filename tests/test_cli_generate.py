@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import pytest
 from click.testing import CliRunner
 
@@ -199,3 +201,47 @@ def test_bad_thread_override_is_one_line(ckpt, monkeypatch):
     monkeypatch.setenv("SANTA_CUPY_BLAS_THREADS", "many")
     r = _run(["--model", ckpt, "--prompt", "w1"])
     assert r.exit_code == 1 and "SANTA_CUPY_BLAS_THREADS" in r.output and "Traceback" not in r.output
+
+
+def test_generation_config_defaults_and_overrides(ckpt):
+    (ckpt / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "repetition_penalty": 1.3, "eos_token_id": 2}))
+    base = ["--model", ckpt, "--prompt", "w1 w2", "--max-new-tokens", 2, "--format", "json"]
+    s = _json(_run(base))["sampling"]
+    assert (s["greedy"], s["temperature"], s["top_p"], s["repetition_penalty"]) == (False, 0.7, 0.8, 1.3)
+    s = _json(_run(base + ["--temperature", 1.5, "--repetition-penalty", 1.0]))["sampling"]
+    assert (s["temperature"], s["top_p"], s["repetition_penalty"]) == (1.5, 0.8, 1.0)
+    assert _json(_run(base + ["--greedy"]))["sampling"] == {"greedy": True, "repetition_penalty": 1.3}
+    (ckpt / "generation_config.json").write_text(json.dumps({"temperature": "hot"}))
+    r = _run(base)
+    assert r.exit_code == 1 and "generation_config.json" in r.output and "temperature" in r.output
+    r = _run(base[:-2] + ["--repetition-penalty", 0])
+    assert r.exit_code == 2
+
+
+def test_default_model_gets_its_authors_recommendation(tmp_path):
+    from llama_min import generation_config as gc
+
+    d = tmp_path / "SmolLM2-135M-Instruct"
+    d.mkdir()
+    (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    assert gc.load(d) == {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+    assert gc.load(tmp_path) == {}                                   # no file, not the default model
+    opts = gc.sampling_options(gc.load(d), {"top_k": None}, greedy=False)
+    assert opts == {"greedy": False, "repetition_penalty": 1.0, "temperature": 0.2, "top_p": 0.9}
+    assert gc.sampling_options({}, {}, greedy=False) == {"greedy": True, "repetition_penalty": 1.0}
+
+
+def test_repetition_penalty_math_and_effect(ckpt):
+    from llama_min.generate import SamplingConfig, generate, penalize_repetition
+    from llama_min.model import LlamaModel
+
+    z = np.array([2.0, -1.0, 3.0, 0.5])
+    np.testing.assert_allclose(penalize_repetition(z, [0, 1, 1], 2.0), [1.0, -2.0, 3.0, 0.5])
+    model = LlamaModel.from_pretrained(ckpt, device="cpu")
+    prompt = [3, 4, 5]
+    plain = generate(model, prompt, max_new_tokens=20, sampling=SamplingConfig()).generated_tokens
+    strong = generate(model, prompt, max_new_tokens=20,
+                      sampling=SamplingConfig(repetition_penalty=50.0)).generated_tokens
+    assert len(set(plain)) < len(plain)                              # greedy repeats itself here
+    assert len(set(strong)) > len(set(plain))
