@@ -5,8 +5,22 @@ Each command lives beside the code it drives; this file only assembles the click
 
 import click
 
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, as shells report a process ended by Ctrl-C
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Group(click.Group):
+    """The group of every command: Ctrl-C ends any of them with one line and exit status 130
+    (click's default is "Aborted!" and 1, which scripts cannot tell from a failure)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="santa-cupy")
 def main():
     """Stochastic sparse decode attention (SANTA / S2ANTA) on CuPy, with a NumPy reference."""

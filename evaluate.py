@@ -628,8 +628,49 @@ SMALL = dict(samplers="iid,systematic", budgets="global", samples="64,256", seed
              depths="0.25,0.75", needles=1, answer_tokens=16)
 
 
-def _csv(text: str, kind=str) -> list:
+def _csv(text, kind=str) -> list:
+    """'a,b' -> [kind(a), kind(b)]; a list (already parsed by CommaList) is returned as it is."""
+    if isinstance(text, (list, tuple)):
+        return list(text)
     return [kind(x.strip()) for x in str(text).split(",") if x.strip()]
+
+
+class CommaList(click.ParamType):
+    """A comma-separated list whose every item is checked by click type `item` (e.g. an IntRange
+    or a Choice), so a bad value fails when the command line is parsed, before any model loads."""
+
+    name = "list"
+
+    def __init__(self, item: click.ParamType):
+        self.item = item
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        items = [x.strip() for x in str(value).split(",")]
+        if not value or not all(items):
+            self.fail(f"{value!r} is not a comma list of {self.item.name} values", param, ctx)
+        return [self.item.convert(x, param, ctx) for x in items]
+
+
+def _named(param_type, name):
+    param_type.name = name            # click says "'abc' is not a valid {name}."
+    return param_type
+
+
+def _option_types():
+    from santa_cupy import spec
+    return {
+        "samplers": CommaList(click.Choice(spec.SAMPLERS)),
+        "budgets": CommaList(click.Choice(spec.BUDGETS)),
+        "samples": CommaList(_named(click.IntRange(1, spec.MAX_SAMPLES), "integer")),
+        "seeds": CommaList(_named(click.IntRange(0, 2**64 - 1), "integer")),
+        "lengths": CommaList(_named(click.IntRange(min=2), "integer")),
+        "depths": CommaList(_named(click.FloatRange(0.0, 1.0), "number")),
+    }
+
+
+OPTION_TYPES = _option_types()
 
 
 @dataclass
@@ -651,6 +692,7 @@ class EvalConfig:
     answer_tokens: int
     block_n: int | None
     small: bool
+    given: frozenset = frozenset()   # the options given on the command line (not defaults)
 
 
 def resolve_config(small: bool, **given) -> EvalConfig:
@@ -669,7 +711,33 @@ def resolve_config(small: bool, **given) -> EvalConfig:
                       context=int(v["context"]), layers=str(v["layers"]), steps=int(v["steps"]),
                       greedy_tokens=int(v["greedy_tokens"]), lengths=_csv(v["lengths"], int),
                       depths=_csv(v["depths"], float), needles=int(v["needles"]),
-                      answer_tokens=int(v["answer_tokens"]), block_n=given.get("block_n"), small=small)
+                      answer_tokens=int(v["answer_tokens"]), block_n=given.get("block_n"), small=small,
+                      given=frozenset(k for k in base if given.get(k) is not None))
+
+
+def retrieval_cap(max_positions: int, answer_tokens: int) -> int:
+    """Longest retrieval prompt that leaves room for the answer in the context window."""
+    return max_positions - answer_tokens - 2
+
+
+def check_lengths_fit(cfg: EvalConfig, max_positions: int, which) -> list:
+    """Retrieval lengths beyond the context window: a UsageError (exit 2) when the user asked for
+    them, else (a default grid on a short-context model) a notice of the cap. Returns the notices."""
+    notices = []
+    if "retrieval" in which:
+        cap = retrieval_cap(max_positions, cfg.answer_tokens)
+        over = [L for L in cfg.lengths if L > cap]
+        if over and "lengths" in cfg.given:
+            raise click.BadParameter(
+                f"{', '.join(map(str, over))} beyond the model's context: at most {cap} tokens "
+                f"(max_position_embeddings {max_positions} - {cfg.answer_tokens} answer tokens - 2)",
+                param_hint="'--lengths'")
+        if over:
+            notices.append(f"eval retrieval: default lengths {over} capped at {cap} tokens (the model's context)")
+    if "context" in cfg.given and cfg.context > max_positions and {"kernel", "model"} & set(which):
+        raise click.BadParameter(f"{cfg.context} is beyond the model's context window "
+                                 f"({max_positions} tokens)", param_hint="'--context'")
+    return notices
 
 
 def select_layers(spec_text: str, n_layers: int) -> list[int]:
@@ -688,7 +756,8 @@ def select_layers(spec_text: str, n_layers: int) -> list[int]:
 class Session:
     """The loaded model and tokenizer, shared by the subcommands of one invocation."""
 
-    def __init__(self, cfg: EvalConfig):
+    def __init__(self, cfg: EvalConfig, which=("kernel", "model", "retrieval")):
+        from llama_min.config import load_config
         from llama_min.model import LlamaModel
         from llama_min.models import resolve_model
         from llama_min.tokenizer import Tokenizer
@@ -696,6 +765,8 @@ class Session:
         self.device = pick_device(cfg.device)
         try:
             self.path = resolve_model(cfg.model, progress=True)
+            for notice in check_lengths_fit(cfg, load_config(self.path).max_position_embeddings, which):
+                click.echo(notice, err=True)
             click.echo(f"loading {self.path} on {self.device} ...", err=True)
             self.model = LlamaModel.from_pretrained(self.path, device=self.device, dtype=cfg.dtype)
             self.tok = Tokenizer.from_dir(self.path)
@@ -739,7 +810,7 @@ class Session:
 
     def run_retrieval(self) -> dict:
         c = self.cfg
-        cap = self.max_context() - c.answer_tokens - 2
+        cap = retrieval_cap(self.max_context(), c.answer_tokens)
         lengths = sorted({min(L, cap) for L in c.lengths})
         trials = len(lengths) * len(c.depths) * c.needles * (1 + len(self.settings) * len(c.seeds))
         with _progress(trials, "eval retrieval") as bar:
@@ -778,7 +849,7 @@ def report_markdown(results: dict) -> str:
 
 def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
     t0 = time.time()
-    session = Session(cfg)
+    session = Session(cfg, which)
     results = {"config": session.header()}
     runners = {"kernel": session.run_kernel, "model": session.run_model,
                "retrieval": session.run_retrieval}
@@ -862,6 +933,11 @@ def _json_default(o):
 # ============================================================================ CLI
 
 
+def _block_ns():
+    from santa_cupy import spec
+    return spec.BLOCK_NS
+
+
 def _common(f):
     opts = [
         click.option("--model", default=None, metavar="PATH|NAME",
@@ -869,11 +945,17 @@ def _common(f):
         click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True),
         click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
                      help="KV/attention dtype (default: float32 on CPU, float16 on GPU)."),
-        click.option("--samplers", default=None, help=f"Comma list [{FULL['samplers']}]."),
-        click.option("--budgets", default=None, help=f"Comma list [{FULL['budgets']}]."),
-        click.option("--samples", default=None, help=f"Comma list of S [{FULL['samples']}]."),
-        click.option("--seeds", default=None, help=f"Comma list [{FULL['seeds']}]."),
-        click.option("--block-n", type=int, default=None, help="SANTA tile size (default: santa_cupy's)."),
+        click.option("--samplers", type=OPTION_TYPES["samplers"], default=None,
+                     help=f"Comma list [{FULL['samplers']}]."),
+        click.option("--budgets", type=OPTION_TYPES["budgets"], default=None,
+                     help=f"Comma list [{FULL['budgets']}]."),
+        click.option("--samples", type=OPTION_TYPES["samples"], default=None,
+                     help=f"Comma list of S >= 1 [{FULL['samples']}]."),
+        click.option("--seeds", type=OPTION_TYPES["seeds"], default=None,
+                     help=f"Comma list of seeds >= 0 [{FULL['seeds']}]."),
+        click.option("--block-n", type=click.Choice([str(b) for b in _block_ns()]), default=None,
+                     callback=lambda ctx, param, v: None if v is None else int(v),
+                     help="SANTA tile size (default: santa_cupy's)."),
         click.option("--small", is_flag=True, help="A CPU-sized grid (minutes on 2 cores): " +
                      ", ".join(f"{k}={v}" for k, v in SMALL.items()) + "."),
         click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -889,27 +971,42 @@ def _common(f):
 
 
 def _text(f):
-    f = click.option("--context", type=int, default=None,
+    f = click.option("--context", type=click.IntRange(min=4), default=None,
                      help=f"Tokens of long text (kernel: capture point; model: text length) [{FULL['context']}].")(f)
     return f
 
 
+def _check_layers(ctx, param, value):
+    """'all' or a comma list of integers (checked against the model's layers once it is known)."""
+    if value is None or value.strip() == "all":
+        return value
+    try:
+        _csv(value, int)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not 'all' or a comma list of layer indices") from None
+    return value
+
+
 def _kernel_opts(f):
-    return click.option("--layers", default=None, help="'all' or a comma list of layer indices [all].")(f)
+    return click.option("--layers", default=None, callback=_check_layers,
+                        help="'all' or a comma list of layer indices [all].")(f)
 
 
 def _model_opts(f):
-    f = click.option("--steps", type=int, default=None,
+    f = click.option("--steps", type=click.IntRange(min=1), default=None,
                      help=f"Teacher-forced decode steps at the end of the text [{FULL['steps']}].")(f)
-    return click.option("--greedy-tokens", type=int, default=None,
+    return click.option("--greedy-tokens", type=click.IntRange(min=1), default=None,
                         help=f"Greedy tokens for the exact-match length [{FULL['greedy_tokens']}].")(f)
 
 
 def _retrieval_opts(f):
-    f = click.option("--lengths", default=None, help=f"Prompt lengths in tokens [{FULL['lengths']}].")(f)
-    f = click.option("--depths", default=None, help=f"Needle depths in [0,1] [{FULL['depths']}].")(f)
-    f = click.option("--needles", type=int, default=None, help=f"Codes per (length, depth) [{FULL['needles']}].")(f)
-    return click.option("--answer-tokens", type=int, default=None,
+    f = click.option("--lengths", type=OPTION_TYPES["lengths"], default=None,
+                     help=f"Prompt lengths in tokens, each within the model's context [{FULL['lengths']}].")(f)
+    f = click.option("--depths", type=OPTION_TYPES["depths"], default=None,
+                     help=f"Needle depths in [0,1] [{FULL['depths']}].")(f)
+    f = click.option("--needles", type=click.IntRange(min=1), default=None,
+                     help=f"Codes per (length, depth) [{FULL['needles']}].")(f)
+    return click.option("--answer-tokens", type=click.IntRange(min=1), default=None,
                         help=f"Greedy answer tokens [{FULL['answer_tokens']}].")(f)
 
 

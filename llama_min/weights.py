@@ -162,7 +162,23 @@ class Checkpoint:
         arr = self._where[name].get(name)
         if shape is not None and tuple(arr.shape) != tuple(shape):
             raise WeightsError(f"{self._where[name].path}: tensor '{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
+        check_finite(arr, name, self._where[name].path)
         return arr
+
+
+def check_finite(arr: np.ndarray, name: str, where) -> None:
+    """WeightsError naming the tensor if a floating-point weight holds NaN or inf (one pass, in
+    slices, so a large tensor costs no second copy of itself)."""
+    if arr.dtype.kind != "f":
+        return
+    flat = arr.reshape(-1)
+    step = 1 << 22
+    for lo in range(0, flat.size, step):
+        part = flat[lo:lo + step]
+        if not np.isfinite(part).all():
+            bad = int(np.count_nonzero(~np.isfinite(flat)))
+            raise WeightsError(f"{where}: tensor '{name}' has {bad} non-finite value(s) (NaN or inf); "
+                               f"the checkpoint is corrupt")
 
 
 def expected_shapes(cfg) -> tuple[dict, dict]:

@@ -2,6 +2,7 @@
 
 import math
 
+import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -405,3 +406,33 @@ def test_cli_merge_writes_one_report(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     r = CliRunner().invoke(ev.eval_command, ["merge", str(paths[0]), str(tmp_path / "bad.json")])
     assert r.exit_code != 0 and "cannot merge" in r.output
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--samples", "0"], "--samples"), (["--samples", "-5"], "--samples"), (["--samples", "abc"], "--samples"),
+    (["--samples", "64,,2"], "--samples"), (["--seeds", "-1"], "--seeds"), (["--steps", "0"], "--steps"),
+    (["--samplers", "iid,bogus"], "--samplers"), (["--budgets", "half"], "--budgets"),
+    (["--depths", "1.5"], "--depths"), (["--lengths", "x"], "--lengths"), (["--needles", "0"], "--needles"),
+    (["--block-n", "32"], "--block-n"), (["--context", "0"], "--context"), (["--layers", "1,x"], "--layers"),
+    (["--greedy-tokens", "-1"], "--greedy-tokens"), (["--answer-tokens", "0"], "--answer-tokens"),
+])
+def test_eval_options_rejected_before_loading(args, option, monkeypatch):
+    """Exit 2 with one error line naming the option, and no model resolved or loaded."""
+    monkeypatch.setattr("llama_min.models.resolve_model", lambda *a, **k: pytest.fail("model resolved"))
+    r = CliRunner().invoke(ev.eval_command, ["all", "--small", *args])
+    assert r.exit_code == 2, r.output
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and option in err[0], r.output
+    assert "Traceback" not in r.output
+
+
+def test_eval_lengths_beyond_context_rejected_or_noted(tmp_path):
+    cfg = ev.resolve_config(True, lengths=[40, 99999])
+    with pytest.raises(click.BadParameter, match="99999 beyond the model's context: at most 46"):
+        ev.check_lengths_fit(cfg, 64, ["retrieval"])
+    assert ev.check_lengths_fit(cfg, 64, ["kernel"]) == []                # lengths unused there
+    notes = ev.check_lengths_fit(ev.resolve_config(True), 64, ["retrieval"])  # the default grid
+    assert notes and "capped at 46" in notes[0]
+    with pytest.raises(click.BadParameter, match="context"):
+        ev.check_lengths_fit(ev.resolve_config(True, context=5000), 64, ["model"])
+    assert ev.resolve_config(True, samples=[16, 32]).samples == [16, 32]   # parsed lists pass through

@@ -516,3 +516,16 @@ def test_graph_decoder_with_programmatic_launch_is_bit_identical(tmp_path):
     for a, b in zip(results[0][0], results[1][0]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_weights_fail_at_load_naming_the_tensor(tmp_path, bad):
+    from safetensors.numpy import load_file, save_file
+    make_tiny(tmp_path, wdtype="F16")
+    f = tmp_path / "model.safetensors"
+    tensors = load_file(str(f))
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][3, 5] = bad
+    save_file(tensors, str(f))
+    with pytest.raises(WeightsError, match=rf"tensor '{name}' has 1 non-finite value"):
+        LlamaModel.from_pretrained(tmp_path)
