@@ -52,19 +52,19 @@ BUDGETS = ("fixed", "global", "largest_remainder")
 SAMPLERS = ("iid", "stratified", "systematic")
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
-KERNEL_VERSIONS = ("stream", "async", "mma")    # v2, v3, v4 (santa_cupy.kernels); none = "auto"
+KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); none = "auto"
 # santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
 # the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
 # (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
 # at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
-# = staged and on tensor cores (tile_kernel="warp_mma"), or "mma_ring" = the v4 score pass with its
-# K steps in a shared-memory ring (score_kernel="mma_ring")
+# = staged and on tensor cores (tile_kernel="warp_mma"), or "always" = santa at every length (no
+# dense fallback below the plan's santa_min_length)
 SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                         "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
                         "warpmma": {"tile_kernel": "warp_mma"},
-                        "always": {"santa_min_length": 0}}       # santa at every length (no dense fallback)
-SANTA_VERSIONS = KERNEL_VERSIONS + ("mma_ring",) + tuple(SANTA_SUFFIX_OPTIONS)
-DEFAULT_METHODS = ("dense", "dense-stream", "dense-async", "santa-global-systematic-256",
+                        "always": {"santa_min_length": 0}}
+SANTA_VERSIONS = KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS)
+DEFAULT_METHODS = ("dense", "dense-stream", "santa-global-systematic-256",
                    "santa-global-systematic-256-always", "santa-global-systematic-256-block",
                    "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always")
 QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
@@ -79,8 +79,8 @@ MAX_COPIES = 64
 @dataclass(frozen=True)
 class Method:
     """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend,
-    dense and santa a kernel version in `backend` ("" = the default kernels, "async" = the cp.async
-    ring for dense / for santa's score pass)."""
+    dense and santa a kernel version or an option in `backend` ("" = the defaults, "stream" = the
+    generic FMA kernels, SANTA_SUFFIX_OPTIONS)."""
 
     kind: str
     budget: str = ""
@@ -104,7 +104,7 @@ class Method:
 
 
 def parse_method(name: str) -> Method:
-    """'dense' | 'dense-async' | 'santa-<budget>-<sampler>-<S>' | 'torch-<backend>' | 'flashinfer' -> Method."""
+    """'dense' | 'dense-stream' | 'santa-<budget>-<sampler>-<S>' | 'torch-<backend>' | 'flashinfer' -> Method."""
     name = name.strip()
     if name in ("dense", "flashinfer"):
         return Method(name)
@@ -120,8 +120,8 @@ def parse_method(name: str) -> Method:
         if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
-        f"unknown method {name!r}; expected dense, dense-stream, dense-async, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-async|-mma|-mma_ring|-block|-tpw1|-warp|-staged|-warpmma|-always], e.g. santa-global-systematic-256",
+        f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-mma|-block|-tpw1|-warp|-staged|-warpmma|-always], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -971,8 +971,8 @@ def stage_table(title: str, rows: list[dict]) -> str:
 @click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--context", default="32k", show_default=True)
 @click.option("--shape", "shape_name", default="llama8b", show_default=True, help=f"One of: {', '.join(SHAPES)}.")
-@click.option("--methods", default="dense,dense-async,santa-global-systematic-256,santa-global-systematic-256-async,"
-              "santa-fixed-systematic-2048",
+@click.option("--methods", default="dense,santa-global-systematic-256-always,santa-global-systematic-256-block,"
+              "santa-fixed-systematic-2048-always",
               show_default=True, help="Comma-separated methods of ours.")
 @click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True)
 @click.option("--inner", type=click.IntRange(min=1), default=10, show_default=True)

@@ -6,20 +6,16 @@
 // (stream.cuh layout: D/8 lanes per row); the row groups are combined through shared memory at
 // the end. Outputs per (b, h, split): part_o[D] = sum_j 2^(s_j - m) V_j (unnormalised) and
 // part_s = (m * ln2, l, 0, 0), merged by merge.cu. Two versions of the row loop:
-//   decode_dense_partial  (v2) K and V streamed from global memory straight into registers,
-//                         U rows per row group in flight.
-//   decode_dense_async    (v3) K and V staged through a SC_STAGES-deep shared-memory ring filled
-//                         with cp.async (16-byte copies, L2 only), so the copies of later stages
-//                         are in flight while a stage is computed.
-//   decode_dense_mma      (v4) both products on tensor cores (mma.sync m16n8k16), fp16/bf16 and
-//                         D 64/128 only; see the comment above the kernel.
+//   decode_dense_partial  (v2, the generic fallback: any dtype and head_dim) K and V streamed from
+//                         global memory straight into registers, U rows per row group in flight.
+//   decode_dense_mma      (v4, production) both products on tensor cores (mma.sync m16n8k16),
+//                         fp16/bf16 and D 64/128 only; see the comment above the kernel.
+// (v3, a cp.async ring, measured no faster than v2 and was removed; git history has it.)
 //
-// Shared memory (kernels.py: dense_smem_bytes): v2 acc [RG][G][D] f32 | m, l [RG][G] f32;
-// v3 the ring SC_STAGES x 2 x kStageRows x D x T, reused for the combine afterwards.
+// Shared memory (kernels.py: dense_smem_bytes): v2 acc [RG][G][D] f32 | m, l [RG][G] f32.
 #include "common.cuh"
 #include "tile.cuh"
 #include "stream.cuh"
-#include "async_copy.cuh"
 #include "mma.cuh"
 #include "merge.cuh"
 
@@ -175,68 +171,6 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
         st.update<U>(gq, kc, vc, valid);
     }
     extern __shared__ __align__(16) unsigned char smem[];
-    st.write_partials(reinterpret_cast<float*>(smem), part_o, part_s, part, n_splits);
-}
-
-// ---- v3: cp.async ring (async_copy.cuh) ------------------------------------------------------
-template <typename T, int D, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
-decode_dense_async(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                   const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
-                   i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
-    using GQ = GroupQuery<T, D, G>;
-    constexpr int kRG = GQ::kRowGroups;
-    constexpr int kRows = SC_STAGE_BYTES / (D * (int)sizeof(T));   // rows per stage
-    constexpr int U = kRows / kRG;                                   // rows per row group per stage
-    static_assert(U >= 1 && kRows % kRG == 0, "stage rows must split over the row groups");
-    const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
-    i64 row_begin, row_end;
-    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
-        return;
-    const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
-    extern __shared__ __align__(16) unsigned char smem[];
-    T* ring = reinterpret_cast<T*>(smem);                          // [SC_STAGES][2][kRows][D]
-    constexpr int kStageElems = 2 * kRows * D;
-    const int n_stages = (int)((row_end - row_begin + kRows - 1) / kRows);
-
-#pragma unroll
-    for (int s = 0; s < SC_STAGES - 1; ++s) {                      // prologue: fill the ring
-        if (s < n_stages)
-            issue_stage<T, D, kRows, 2>(ring + s * kStageElems, k_cache, v_cache, b, row_begin + (i64)s * kRows,
-                                        row_end, g, L_max, KVH);
-        cp_async_commit();                                         // (possibly empty) group per stage
-    }
-    GQ gq;
-    gq.load(q, b, g, H, scale * SC_LOG2E);
-    DenseState<T, D, G> st;
-    st.init();
-    for (int s = 0; s < n_stages; ++s) {
-        cp_async_wait<SC_STAGES - 2>();      // this thread's copies of stage s have landed
-        __syncthreads();                     // everyone's have; stage s-1 is fully consumed
-        const int next = s + SC_STAGES - 1;
-        if (next < n_stages)
-            issue_stage<T, D, kRows, 2>(ring + (next % SC_STAGES) * kStageElems, k_cache, v_cache, b,
-                                        row_begin + (i64)next * kRows, row_end, g, L_max, KVH);
-        cp_async_commit();
-        const T* stage = ring + (s % SC_STAGES) * kStageElems;
-        const i64 row0 = row_begin + (i64)s * kRows;
-        Chunk<T> kc[U], vc[U];
-        bool valid[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int r = u * kRG + rg;
-            valid[u] = row0 + r < row_end;
-            kc[u].load(stage + r * D + dg * SC_CHUNK);
-            vc[u].load(stage + (kRows + r) * D + dg * SC_CHUNK);
-        }
-        st.update<U>(gq, kc, vc, valid);
-    }
-    cp_async_wait<0>();
-    __syncthreads();                         // the ring is free: reuse it for the combine
     st.write_partials(reinterpret_cast<float*>(smem), part_o, part_s, part, n_splits);
 }
 

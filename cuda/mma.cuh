@@ -8,7 +8,6 @@
 //   B (16 x 8, "col"):       b[0] = B[2t, 2t+1][gi]     b[1] = B[2t+8, 2t+9][gi]
 //   C, D (16 x 8, f32):      c[0], c[1] = C[gi][2t, 2t+1]    c[2], c[3] = C[gi+8][2t, 2t+1]
 #pragma once
-#include "async_copy.cuh"
 
 // d = a * b + d for T = f16_t or bf16_t operands, f32 accumulators: one specialisation per type,
 // stamped from one body (PTX_TYPE = the operand type's PTX name).
@@ -170,94 +169,3 @@ struct KeyRun {
     }
 };
 
-// ---- the same K stream with the steps in flight in shared memory (santa_score_mma, kRing) --------
-// KeyRun holds the one step in flight in registers (a second buffer of D/4 words a thread). KeyRing
-// keeps kDepth - 1 steps in flight instead, in a per-warp ring of kDepth steps filled by cp.async,
-// so a warp has kDepth - 1 times the bytes in flight for fewer registers. The look-ahead stays
-// within the next tile (kDepth - 1 <= BN / 16 steps).
-// Copies are coalesced: a warp's copy instruction moves whole rows (lane l takes 16-byte quad
-// l % QR of a row), never a thread's own 64-byte slice; the first ring (each thread copying its
-// own slices, 16 of every 32-byte sector per request) measured 2x slower than KeyRun (BENCHMARKS.md,
-// step 9). So a thread reads back quads other lanes copied: __syncwarp after the group wait, and
-// before a slot is refilled. Ring layout per warp: [kDepth][16 keys][QR quads], quad q of key
-// row r stored at swizzle(r, q) = q ^ 4 (r & 1), so that both the copies (8 consecutive quads of one
-// row) and the read-back (lanes 4 gi + tq: rows gi, gi + 1 of a quarter-warp, quads 4 qd + tq, the
-// MmaQuery slice) hit 8 distinct 16-byte bank groups per quarter-warp. kDepth x 16 keys x D x 2
-// bytes (4 KB a step at D 128).
-//   KeyRing<T, D, BN, kDepth> kr;  kr.start(ring, ...first tile...);  then as KeyRun::score_tile.
-template <typename T, int D, int BN, int kDepth>
-struct KeyRing {
-    static constexpr int KW = D / 8, KQ = KW / 4, NSTEP = BN / 16;   // words, quads of a slice; steps a tile
-    static constexpr int QR = D * (int)sizeof(T) / 16;               // quads of a key row
-    static constexpr int kCopies = 16 * QR / 32;                      // a lane's copies a step
-    static_assert(kDepth >= 2 && kDepth - 1 <= NSTEP, "the look-ahead stays within the next tile");
-    static_assert(QR % 8 == 0 && 16 * QR % 32 == 0, "rows of whole 128-byte lines");
-    uint4* ring;                                        // this warp's slot 0
-
-    static constexpr int kBytesPerWarp = kDepth * 16 * QR * 16;
-
-    // Odd rows swap the two halves of each 128-byte line (a bijection on q for each r).
-    __device__ __forceinline__ static int swizzle(int r, int q) { return q ^ ((r & 1) << 2); }
-    __device__ __forceinline__ uint4* quad(int step, int r, int q) const {
-        return ring + ((step % kDepth) * 16 + r) * QR + swizzle(r, q);
-    }
-
-    // Issue step `k`'s copies, keys key0 .. key0 + 15 of [.., key_end) (zeros past it, row
-    // `fallback` only forms the address), as one commit group. The slot's last reader is done.
-    __device__ __forceinline__ void issue(int k, const T* k_cache, i64 b, i64 key0, i64 key_end, i64 fallback, int g,
-                                          i64 L_max, int KVH) {
-        const int lane = threadIdx.x & 31;
-        __syncwarp();
-#pragma unroll
-        for (int c = 0; c < kCopies; ++c) {
-            const int idx = 32 * c + lane, r = idx / QR, q = idx % QR;
-            const i64 key = key0 + r;
-            const T* src = cache_row<T, D>(k_cache, b, key < key_end ? key : fallback, g, L_max, KVH) + q * (16 / (int)sizeof(T));
-            cp_async16(quad(k, r, q), src, key < key_end);
-        }
-        cp_async_commit();
-    }
-
-    // warp_ring: this warp's kBytesPerWarp of shared memory. Steps 0 .. kDepth - 2 of the run's
-    // first tile (rows [row0, row_end)).
-    __device__ __forceinline__ void start(void* warp_ring, const T* k_cache, i64 b, i64 row0, i64 row_end, int g,
-                                          i64 L_max, int KVH, int, int) {
-        ring = reinterpret_cast<uint4*>(warp_ring);
-#pragma unroll
-        for (int k = 0; k < kDepth - 1; ++k) issue(k, k_cache, b, row0 + 16 * k, row_end, row0, g, L_max, KVH);
-    }
-
-    // As KeyRun::score_tile: step k = index * NSTEP + st issues step k + kDepth - 1 (this tile's or
-    // the next's; an empty commit group past the run keeps the group count), waits for step k's
-    // group and computes from the ring.
-    template <int G, typename F>
-    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const T* k_cache, i64 b,
-                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, i64 L_max,
-                                               int KVH, int gi, int tq, F&& f) {
-#pragma unroll
-        for (int st = 0; st < NSTEP; ++st) {
-            const int k = index * NSTEP + st;
-            const int ahead = st + kDepth - 1;              // of this tile, or of the next from NSTEP on
-            if (ahead < NSTEP)
-                issue(k + kDepth - 1, k_cache, b, row0 + 16 * ahead, row_end, row0, g, L_max, KVH);
-            else if (next_end > next0)
-                issue(k + kDepth - 1, k_cache, b, next0 + 16 * (ahead - NSTEP), next_end, next0, g, L_max, KVH);
-            else
-                cp_async_commit();
-            cp_async_wait<kDepth - 1>();                    // this thread's copies of step k have landed
-            __syncwarp();                                   // and every lane's
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                u32 w[KW];
-#pragma unroll
-                for (int qd = 0; qd < KQ; ++qd) {
-                    const uint4 x = *quad(k, 8 * j + gi, 4 * qd + tq);
-                    w[4 * qd] = x.x; w[4 * qd + 1] = x.y; w[4 * qd + 2] = x.z; w[4 * qd + 3] = x.w;
-                }
-                float s[4];
-                mq.scores(s, w);
-                f(st, j, s);
-            }
-        }
-    }
-};

@@ -6,12 +6,12 @@
 // part_s[b, h, t] = (m_t, l_t, 0, 0). Tiles past n_b exit at once.
 //
 // Shared memory: s [G][BN] f32 | m, l [G] f32
-// Versions: santa_score (v2, above), santa_score_async (v3, cp.async ring), santa_score_mma (v4,
-// tensor cores, one warp per run of tiles; fp16/bf16, D 64/128), each below with its own comment.
+// Versions: santa_score (FMA, any dtype and head_dim: the generic fallback) and santa_score_mma
+// (tensor cores, one warp per run of tiles; fp16/bf16, D 64/128: the production kernel), each
+// with its own comment.
 #include "common.cuh"
 #include "tile.cuh"
 #include "stream.cuh"
-#include "async_copy.cuh"
 #include "mma.cuh"
 
 // Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
@@ -53,82 +53,6 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
     write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
 }
 
-// v3: the same outputs from a split of consecutive tiles per block, K staged through a cp.async
-// ring (async_copy.cuh) so that later stages are in flight while a stage is scored.
-// grid (n_splits, KVH, B); block s takes tiles [s*tiles_per_split, (s+1)*tiles_per_split).
-// Shared memory (kernels.py: score_smem_bytes): ring [SC_STAGES][kRows][D] T | s [G][BN] f32 | m, l [G]
-template <typename T, int D, int BN, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
-santa_score_async(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
-                  float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_split,
-                  float* __restrict__ scores, float4* __restrict__ part_s) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
-    using GQ = GroupQuery<T, D, G>;
-    constexpr int kRG = GQ::kRowGroups;
-    constexpr int kMaxRows = 2 * SC_STAGE_BYTES / (D * (int)sizeof(T));
-    constexpr int kRows = kMaxRows < BN ? kMaxRows : BN;           // rows per ring stage
-    constexpr int kStagesPerTile = BN / kRows;
-    constexpr int U = kRows / kRG;                                   // rows per row group per stage
-    static_assert(U >= 1 && kRows % kRG == 0 && BN % kRows == 0, "stage shape");
-    const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const int n = seq_len(lengths, b, L_max);
-    const int t_begin = blockIdx.x * tiles_per_split;
-    const int t_end = min(t_begin + tiles_per_split, (n + BN - 1) / BN);
-    if (t_begin >= t_end) return;
-    const i64 row_begin = (i64)t_begin * BN, row_end = n;
-    const int n_stages = (t_end - t_begin) * kStagesPerTile;
-    const i64 head0 = b * H + (i64)g * G;
-    const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
-
-    extern __shared__ __align__(16) unsigned char smem[];
-    T* ring = reinterpret_cast<T*>(smem);
-    float* s = reinterpret_cast<float*>(ring + SC_STAGES * kRows * D);
-    float* m = s + G * BN;
-    float* l = m + G;
-
-#pragma unroll
-    for (int st = 0; st < SC_STAGES - 1; ++st) {
-        if (st < n_stages)
-            issue_stage<T, D, kRows, 1>(ring + st * kRows * D, k_cache, k_cache, b, row_begin + (i64)st * kRows,
-                                        row_end, g, L_max, KVH);
-        cp_async_commit();
-    }
-    GQ gq;
-    gq.load(q, b, g, H, scale);
-    for (int st = 0; st < n_stages; ++st) {
-        cp_async_wait<SC_STAGES - 2>();
-        __syncthreads();
-        const int next = st + SC_STAGES - 1;
-        if (next < n_stages)
-            issue_stage<T, D, kRows, 1>(ring + (next % SC_STAGES) * kRows * D, k_cache, k_cache, b,
-                                        row_begin + (i64)next * kRows, row_end, g, L_max, KVH);
-        cp_async_commit();
-        const T* stage = ring + (st % SC_STAGES) * kRows * D;
-        const int t = t_begin + st / kStagesPerTile;
-        const i64 tile_row0 = (i64)t * BN;
-        const int nrows = (int)min((i64)BN, n - tile_row0);
-        const int r0 = (st % kStagesPerTile) * kRows;               // first row of the stage in its tile
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int r = u * kRG + rg, j = r0 + r;
-            Chunk<T> kc; kc.load(stage + r * D + dg * SC_CHUNK);
-            float sc[G];
-            gq.scores(kc, sc);
-            if (dg == 0)
-#pragma unroll
-                for (int h = 0; h < G; ++h) s[h * BN + j] = j < nrows ? sc[h] : -SC_INF;
-        }
-        if (st % kStagesPerTile == kStagesPerTile - 1) {            // tile t complete
-            __syncthreads();
-            tile_stats<BN>(m, l, s, G, nrows);
-            write_tile_stash<BN>(scores, part_s, s, m, l, G, head0, L_max, tile_row0, nrows, T_max, t);
-        }
-    }
-    cp_async_wait<0>();
-}
-
 // ---- v4 helpers (santa_score_mma) ---------------------------------------------------------
 // The stash of one 8-key n-tile of a step: thread (gi, tq) holds keys c + 2 tq + {0, 1} of its
 // row (c = 16 st + 8 j), x0/x1; dst = the row's stash at the tile's first key; lim = (rows in
@@ -155,18 +79,8 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (BENCHMARKS.md, step 8).
-// kRing: the K stream of KeyRing (SC_KEY_RING steps a warp in shared memory, SC_KEY_RING - 1 in
-// flight) instead of KeyRun's register double buffer; dynamic shared memory 4 x
-// KeyRing::kBytesPerWarp (kernels.py: score_smem_bytes(..., "mma_ring")). Opt-in (score_kernel
-// "mma_ring"): measured even with KeyRun on the H200 (B=1 32k score + prefix 24.0 vs 25.5 us,
-// B=16 32k 286 vs 279 us; BENCHMARKS.md step 9), so KeyRun stays the default.
-#define SC_KEY_RING 4
-
-template <bool kRing, typename T, int D, int BN> struct KeyStream { using type = KeyRun<T, D, BN>; };
-template <typename T, int D, int BN> struct KeyStream<true, T, D, BN> { using type = KeyRing<T, D, BN, SC_KEY_RING>; };
-
 // The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
-template <typename T, int D, int BN, int G, bool kRing>
+template <typename T, int D, int BN, int G>
 __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __restrict__ k_cache, int n, float scale,
                                           int KVH, i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
                                           i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
@@ -182,14 +96,9 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __re
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
 
-    typename KeyStream<kRing, T, D, BN>::type kr;
+    KeyRun<T, D, BN> kr;
     const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
-    if constexpr (kRing) {
-        extern __shared__ __align__(16) unsigned char smem[];
-        kr.start(smem + warp * decltype(kr)::kBytesPerWarp, k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
-    } else {
-        kr.start(k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
-    }
+    kr.start(k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
@@ -217,7 +126,7 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __re
     }
 }
 
-template <typename T, int D, int BN, int G, bool kRing>
+template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
@@ -235,6 +144,6 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
     const int t_end = min(t_begin + tiles_per_warp, n_tiles);
     if (t_begin < t_end)                                 // whole warp
-        score_run<T, D, BN, G, kRing>(q, k_cache, n, scale, KVH, L_max, T_max, t_begin, t_end, b, g,
+        score_run<T, D, BN, G>(q, k_cache, n, scale, KVH, L_max, T_max, t_begin, t_end, b, g,
                                       b * H + (i64)g * G, scores, part_s);
 }

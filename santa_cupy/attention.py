@@ -5,10 +5,12 @@ speaks DLPack / ``__cuda_array_interface__``) run the CUDA kernels of cuda/ thro
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
   dense:  decode_dense_mma (split-KV; with <= 32 splits a KV group its last block merges, else
-          -> santa_merge), or decode_dense_partial / _async (split-KV) -> santa_merge
-  santa, warp pass 2 (systematic sampler, G <= 8; every budget):
-        santa_score (stash + tile stats) -> santa_prefix -> santa_tile_warp -> santa_merge
-  santa, block pass 2 (other samplers or G > 8):
+          -> santa_merge), or decode_dense_partial (split-KV, fp32 / D 256) -> santa_merge
+  santa, warp pipeline (systematic sampler, G <= 8, fp16/bf16 at D 64/128; every budget; the default):
+        [decode_dense_mma for the sequences shorter than santa_from: the dense fallback]
+        -> santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
+        (sample + gather; with few KV groups its last block per group writes o) [-> santa_merge]
+  santa, block pass 2 (other samplers, G > 8, fp32, D 256):
         global / largest_remainder: santa_score -> santa_prefix -> santa_tile -> santa_merge
         fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
 """
@@ -137,12 +139,11 @@ class DecodePlan:
         self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
         self.G = heads // kv_heads
         spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
-        # "stream" (v2) | "async" (v3, cp.async ring) | "mma" (v4, tensor cores); "auto": v4 where it
+        # "stream" (v2, FMA: the generic fallback) | "mma" (v4, tensor cores); "auto": v4 where it
         # has an instance (fp16/bf16, D 64/128), else v2
         self.dense_kernel = kernels.resolve_kernel_choice("dense_kernel", dense_kernel, dtype, head_dim)
         spec.check_choice("score_kernel", score_kernel, kernels.SCORE_KERNELS)
-        # santa pass 1: "stream" (v2) | "async" (v3) | "mma" (v4, tensor cores) | "mma_ring" (v4 with its K
-        # steps in flight in a shared-memory ring; opt-in, measured even with "mma"); "auto" as for dense
+        # santa pass 1: "stream" (v2) | "mma" (v4, tensor cores); "auto" as for dense
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
@@ -156,12 +157,12 @@ class DecodePlan:
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
         kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
         self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes,
-                                                       self.score_kernel in ("mma", "mma_ring"))
+                                                       self.score_kernel == "mma")
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
-        self._dense_fn = {"stream": self.kernels.dense, "async": self.kernels.dense_async,
+        self._dense_fn = {"stream": self.kernels.dense,
                           "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
         # the merge: 8 partials in flight per warp where its (H, B) grid is at most one wave of SMs
         # (latency-bound), else 4 (fewer registers, two blocks per SM)
@@ -185,10 +186,9 @@ class DecodePlan:
         self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged", "warp_mma")
         two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
-        # score pass (KeyRun's registers or KeyRing's ring) and the warp pass 2 (its gather)
-        ring, staged = self.score_kernel == "mma_ring", self.tile_kernel in ("warp_staged", "warp_mma")
-        self._score_warp_kernel = (self.kernels.score_mma_ring if ring else self.kernels.score_mma,
-                                   kernels.score_smem_bytes(dtype, head_dim, self.block_n, self.G, self.score_kernel))
+        # score pass (static shared memory only) and the warp pass 2 (its gather)
+        staged = self.tile_kernel in ("warp_staged", "warp_mma")
+        self._score_warp_kernel = (self.kernels.score_mma, 0)
         self._warp_kernel = getattr(self.kernels, "tile_" + self.tile_kernel) if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
         # how santa_merge combines the fused run's partials
@@ -205,8 +205,7 @@ class DecodePlan:
                                         and self.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
         else:
             self.P_max = self.T_max
-            self.score_tiles_per_split = self._score_splits()
-            if self.score_kernel in ("mma", "mma_ring") and two_pass:
+            if self.score_kernel == "mma" and two_pass:
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
@@ -270,14 +269,6 @@ class DecodePlan:
                              f"got tile_kernel={self.tile_kernel!r}")
         return int(santa_min_length)
 
-    def _score_splits(self):
-        """Tiles per block of the v3 score kernel: B * KVH * blocks fills the GPU ~4x over."""
-        import cupy
-
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        want = max(1, math.ceil(4 * sms / (self.B * self.KVH)))
-        return max(1, math.ceil(self.T_max / want))
-
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
         import cupy
@@ -309,7 +300,10 @@ class DecodePlan:
 
     # ---- launches ---------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
-        """o [B, H, D] for this step (written into ``out`` or the plan's own buffer)."""
+        """o [B, H, D] for this step (written into ``out`` or the plan's own buffer).
+
+        A sequence of length 0 gets o = 0, lse = -inf, spread = 0, rows_read = 0 on every route; NaN
+        or inf in q or K makes that sequence's heads (of the KV group) NaN."""
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         if validate:
             shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
@@ -432,16 +426,10 @@ class DecodePlan:
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
-        elif self.score_kernel in ("mma", "mma_ring"):   # one warp per run of score_tpw tiles
+        else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
             kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s,
-                            i32(0)), smem)
-        else:
-            tps = self.score_tiles_per_split
-            kernels.launch(self.kernels.score_async, (-(-self.T_max // tps), self.KVH, self.B),
-                           (*common, i32(tps), self.scores, self.part_s),
-                           kernels.score_smem_bytes(self.dtype, self.D, self.block_n, self.G, "async"))
+                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(0)), smem)
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,

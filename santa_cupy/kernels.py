@@ -88,16 +88,14 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
              "advance": "santa_advance_step"}
     if role == "dense":
         names["dense"] = f"decode_dense_partial<{t}, {d}, {g}>"
-        names["dense_async"] = f"decode_dense_async<{t}, {d}, {g}>"
         if mma_supported(dtype_name, head_dim):
             names["dense_mma"] = f"decode_dense_mma<{t}, {d}, {g}>"
         return names
     bn = int(role.removeprefix("santa"))
-    names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", score_async=f"santa_score_async<{t}, {d}, {bn}, {g}>",
-                 tile=f"santa_tile<{t}, {d}, {bn}, {g}>", prefix="santa_prefix")
+    names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
+                 prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
-        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, false>"
-        names["score_mma_ring"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, true>"
+        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # it follows the mma score pass
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp
             names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}>"
@@ -124,7 +122,6 @@ def row_groups(head_dim: int) -> int:
     return THREADS // (head_dim // CHUNK)
 
 
-DENSE_STAGES = 4            # SC_STAGES (async_copy.cuh)
 # decode_dense_mma merges in its own last block per KV group up to this many splits a group; above,
 # santa_merge runs after it. 32 = a warp's lanes: merge.cuh's warp_merge_dense_head merges a head's
 # up to 32 partials with every load in flight at once, a warp per head (H200, BENCHMARKS.md step 11:
@@ -133,8 +130,7 @@ DENSE_STAGES = 4            # SC_STAGES (async_copy.cuh)
 # which measured slower than santa_merge's launch (step 13: SmolLM2 B=1, 3 groups of 121 splits,
 # 32k 15.0 -> 15.6 us, 128k 33.7 -> 34.3), so the plan keeps the cap at 32.
 DENSE_SELF_MERGE_MAX_SPLITS = 32
-DENSE_STAGE_BYTES = 8192    # SC_STAGE_BYTES: bytes of each operand per ring stage
-DENSE_KERNELS = ("auto", "stream", "async", "mma")   # v2 decode_dense_partial, v3 _async, v4 _mma
+DENSE_KERNELS = ("auto", "stream", "mma")   # v2 decode_dense_partial (generic), v4 decode_dense_mma
 MMA_DTYPES, MMA_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # decode_dense_mma's instances
 
 
@@ -145,41 +141,27 @@ def mma_supported(dtype_name, head_dim) -> bool:
 
 def resolve_kernel_choice(what, choice, dtype_name, head_dim) -> str:
     """``what`` = "dense_kernel" | "score_kernel": "auto" -> "mma" where it exists, else "stream";
-    an explicit "mma" (or "mma_ring") must exist."""
+    an explicit "mma" must exist."""
     if choice == "auto":
         return "mma" if mma_supported(dtype_name, head_dim) else "stream"
-    if choice in ("mma", "mma_ring") and not mma_supported(dtype_name, head_dim):
+    if choice == "mma" and not mma_supported(dtype_name, head_dim):
         raise ValueError(f"{what}={choice!r} needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
                          f"got dtype={dtype_name!r}, head_dim={head_dim}")
     return choice
 
 
 def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
-    """v2: the row-group combine; v3: max(cp.async ring, combine) (the ring is reused);
-    v4: the combine of the block's THREADS // 32 warps."""
+    """v2: the row-group combine; v4: the combine of the block's THREADS // 32 warps."""
     if kernel == "mma":
         warps = THREADS // 32
         return 4 * (warps * group * head_dim + 2 * warps * group)
     rg = row_groups(head_dim)
-    combine = 4 * (rg * group * head_dim + 2 * rg * group)
-    return combine if kernel == "stream" else max(combine, DENSE_STAGES * 2 * DENSE_STAGE_BYTES)
+    return 4 * (rg * group * head_dim + 2 * rg * group)
 
 
-# santa_score v2, _async v3, _mma v4; "mma_ring": v4 with its K steps in flight in a shared-memory
-# ring (opt-in: measured even with "mma" on the H200, BENCHMARKS.md step 9)
-SCORE_KERNELS = ("auto", "stream", "async", "mma", "mma_ring")
-KEY_RING_STEPS = 4          # SC_KEY_RING (santa_score.cu)
-
-
-def score_smem_bytes(dtype_name, head_dim, block_n, group, kernel="stream") -> int:
-    """v2 and v4 use static shared memory only; v3: the K ring + scores [G][BN] + m, l; v4
-    "mma_ring": per warp KEY_RING_STEPS steps of 16 keys."""
-    if kernel in ("stream", "mma"):
-        return 0
-    if kernel == "mma_ring":
-        return (THREADS // 32) * KEY_RING_STEPS * 16 * head_dim * ITEMSIZE[dtype_name]
-    rows = min(block_n, 2 * DENSE_STAGE_BYTES // (head_dim * ITEMSIZE[dtype_name]))
-    return DENSE_STAGES * rows * head_dim * ITEMSIZE[dtype_name] + 4 * (group * block_n + 2 * group)
+# santa pass 1: santa_score (v2, FMA: the generic fallback) or santa_score_mma (v4, tensor cores);
+# both use static shared memory only
+SCORE_KERNELS = ("auto", "stream", "mma")
 
 
 # pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
@@ -250,12 +232,9 @@ class KernelSet:
     merge_wide: object
     advance: object
     dense: object = None
-    dense_async: object = None
     dense_mma: object = None
     score: object = None
-    score_async: object = None
     score_mma: object = None
-    score_mma_ring: object = None
     tile: object = None
     tile_warp: object = None
     tile_warp_staged: object = None

@@ -63,25 +63,24 @@ def test_method_errors(name):
 
 def test_method_lists():
     default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
-    ours = ["dense", "dense-stream", "dense-async", "santa-global-systematic-256", "santa-global-systematic-256-always",
+    ours = ["dense", "dense-stream", "santa-global-systematic-256", "santa-global-systematic-256-always",
             "santa-global-systematic-256-block", "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always"]
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
     assert [m.name for m in bench.method_list()] == ours
     quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
     assert quick == ours + ["torch-flash", "torch-cudnn", "flashinfer"]        # every peer, --quick too
-    assert bench.parse_method("santa-global-iid-64-async").backend == "async"
+    assert bench.parse_method("santa-global-iid-64-stream").backend == "stream"
     assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
     assert bench.SANTA_SUFFIX_OPTIONS[bench.parse_method("santa-global-systematic-256-always").backend] == \
         {"santa_min_length": 0}
     assert bench.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
-    assert bench.parse_method("santa-global-systematic-256-mma_ring").backend == "mma_ring"
-    with pytest.raises(click.BadParameter):                # the ring is a score pass of santa only
-        bench.parse_method("dense-mma_ring")
+    for gone in ("santa-global-systematic-256-mma_ring", "dense-async", "santa-global-iid-64-async"):
+        with pytest.raises(click.BadParameter):            # removed kernel versions (v3, the K ring)
+            bench.parse_method(gone)
     with pytest.raises(click.BadParameter):                # warp_smem became the only warp pass 2
         bench.parse_method("santa-fixed-systematic-2048-warpsmem")
     assert bench.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"
-    assert bench.parse_method("dense-async") == Method("dense", backend="async")
     assert bench.parse_method("dense-mma") == Method("dense", backend="mma")
     assert bench.parse_method("dense-stream").name == "dense-stream"
     assert bench.parse_method("santa-global-iid-64-mma").name == "santa-global-iid-64-mma"
@@ -455,7 +454,7 @@ def test_paged_cache_is_a_free_view_or_a_padded_copy(L):
 
 def _peer_rows():
     base = {"shape": "llama8b", "B": 4, "L": 32768}
-    us = {"dense": 40.0, "dense-async": 42.0, "santa-global-systematic-256": 20.0, "torch-cudnn": 30.0,
+    us = {"dense": 40.0, "dense-stream": 42.0, "santa-global-systematic-256": 20.0, "torch-cudnn": 30.0,
           "torch-flash": 35.0, "flashinfer": 28.0, "torch-efficient": 10.0}
     rows = [dict(base, method=m, external=m.startswith(("torch", "flashinfer")), us=t, bytes=10**8) for m, t in us.items()]
     rows.append(dict(base, L=8192, method="santa-global-systematic-256", external=False, us=10.0, bytes=10**8))
@@ -471,7 +470,7 @@ def test_best_peer_column():
     # the fastest of cuDNN, FA2 and FlashInfer (28 µs), not torch's efficient backend (10 µs, not a peer)
     assert santa["best_peer"] == "flashinfer" and santa["x_peer"] == pytest.approx(28.0 / 20.0)
     assert by[32768, "dense"]["x_peer"] == pytest.approx(28.0 / 40.0)
-    assert by[32768, "dense-async"]["x_peer"] == pytest.approx(28.0 / 42.0)
+    assert by[32768, "dense-stream"]["x_peer"] == pytest.approx(28.0 / 42.0)
     assert santa["x_external"] == pytest.approx(10.0 / 20.0)                       # the old column unchanged
     for peer in ("torch-cudnn", "torch-flash", "flashinfer", "torch-efficient"):   # peers get no x best peer
         assert by[32768, peer]["x_peer"] is None and by[32768, peer]["best_peer"] is None

@@ -90,7 +90,6 @@ def _inputs(B=2, H=8, KVH=2, D=128, L=300, dtype=np.uint16):
 
 
 CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
-         ("dense", "global", "async", ["decode_dense_async", "santa_merge"]),
          ("dense", "global", "mma", ["decode_dense_mma"]),           # merges in its last block per group
          ("dense", "global", "auto", ["decode_dense_mma"]),
          # the warp pipeline: score pass, prefix, the warp pass 2 writes o (no merge)
@@ -98,7 +97,6 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
          ("santa", "global", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp"]),
          ("santa", "largest_remainder", "auto", ["santa_score_mma", "santa_prefix", "santa_tile_warp"]),
          # without the tensor-core score pass: the block pass 2 and santa_merge
-         ("santa", "global", "async", ["santa_score_async", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "fixed", "stream", ["santa_tile", "santa_merge"]),      # a small cache: the fused pass
          ("santa", "global", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"]),
          ("santa", "largest_remainder", "stream", ["santa_score", "santa_prefix", "santa_tile", "santa_merge"])]
@@ -349,28 +347,6 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="tiles_per_warp"):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
-
-
-def test_score_ring_launch(launches):
-    """score_kernel="mma_ring": the v4 score pass's ring instance with its dynamic shared memory
-    (4 warps x 4 steps x 16 keys x D x 2 bytes), runs fitted to that occupancy; 16-bit types only."""
-    from santa_cupy import DecodePlan
-
-    q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, score_kernel="mma_ring",
-                      tiles_per_warp=3, santa_min_length=0)
-    plan.run(q, k, v, lengths)
-    by_name = {name: (grid, args, smem) for name, grid, _, args, smem in launches}
-    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]
-    grid, args, smem = by_name["santa_score_mma"]
-    assert grid == (2, 2, 2) and smem == kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma_ring") == 65536
-    assert kernels.score_smem_bytes("bfloat16", 64, 128, 4, "mma_ring") == 32768
-    assert kernels.score_smem_bytes("bfloat16", 128, 128, 4, "mma") == 0
-    assert plan._score_warp_kernel[0] is plan.kernels.score_mma_ring
-    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000).score_kernel == "mma"   # opt-in
-    with pytest.raises(ValueError, match="score_kernel='mma_ring' needs"):
-        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="float32",
-                   score_kernel="mma_ring")
 
 
 def test_fixed_warp_launch(launches):

@@ -18,8 +18,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "tests: $(tail -1 "$OUT/gpu_tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
 fi
 if [ -z "${SKIP_SANITIZER:-}" ]; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
+  timeout ${SANITIZER_TIMEOUT:-120} compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid"
+  timeout ${SANITIZER_TIMEOUT:-120} compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/racecheck_case.py > "$OUT/racecheck.log" 2>&1
+  echo "racecheck exit $?: $(tail -2 "$OUT/racecheck.log" | tr '\n' ' ')"
 fi
 wait_flashinfer_warm
 M=${METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,$(peers)}
@@ -30,3 +32,9 @@ for B in ${STAGES:-1 16}; do
   timeout 60 python3 bench.py stages --batch $B --context 32k \
     --methods ${STAGE_METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048} 2>>"$OUT/bench.err" | tee "$OUT/stages_b$B.md"
 done
+for B in ${E2E:-}; do
+  timeout ${E2E_TIMEOUT:-120} python3 bench.py e2e --batch $B --context 32k --mem-gb 120 --markdown "$OUT/e2e_b$B.md" \
+    2>>"$OUT/bench.err" | grep "^|"
+done
+# one archive back (the device returns at most 8 files)
+(cd "$OUT" && tar czf /tmp/results.tgz ./* && rm -f ./* && mv /tmp/results.tgz .)

@@ -18,26 +18,28 @@ k = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "b
 v = spec.from_float32(rng.standard_normal((B, L, KVH, D)).astype(np.float32), "bfloat16", np)
 q, k, v, lengths = (cupy.asarray(a) for a in (q, k, v, lengths))
 decode_attention(q, k, v, lengths, method="dense")
-for kind in ("stream", "async", "mma"):
+for kind in ("stream", "mma"):
     DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, method="dense",
                dense_kernel=kind).run(q, k, v, lengths)
 for budget in spec.BUDGETS:
     for sampler in spec.SAMPLERS:
         plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
-                          sampler=sampler, budget=budget, block_n=64)
+                          sampler=sampler, budget=budget, block_n=64, santa_min_length=0)
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
         for runs in (2, 3):                   # one warp per run of tiles (score pass, warp pass 2)
             # auto (the staged gather here, or the block pass 2), the register, staged and
-            # tensor-core gathers, the K ring
+            # tensor-core gathers, finishing in the kernel and through santa_merge
             sys_only = (lambda kind: kind if sampler == "systematic" else "auto")
-            for score, tile in (("mma", "auto"), ("mma", sys_only("warp")), ("mma", sys_only("warp_staged")),
-                                ("mma", sys_only("warp_mma")), ("mma_ring", sys_only("warp"))):
-                DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                           budget=budget, block_n=64, tiles_per_warp=runs, score_kernel=score,
-                           tile_kernel=tile).run(q, k, v, lengths)
+            for tile in ("auto", sys_only("warp"), sys_only("warp_staged"), sys_only("warp_mma")):
+                for finish in (True, False):
+                    p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
+                                   sampler=sampler, budget=budget, block_n=64, tiles_per_warp=runs, tile_kernel=tile,
+                                   santa_min_length=0)
+                    p.finish_in_kernel = p.finish_in_kernel and finish
+                    p.run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                   budget=budget, block_n=64, score_kernel="async").run(q, k, v, lengths)
+                   budget=budget, block_n=64, score_kernel="stream").run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                    budget=budget, block_n=64, tile_kernel="block").run(q, k, v, lengths)
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu

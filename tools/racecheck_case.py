@@ -1,0 +1,31 @@
+"""A small workload for `compute-sanitizer --tool racecheck` (shared-memory hazards): one call of each
+production kernel route (dense mma self-merging, santa's warp pipeline finishing in the kernel and
+through santa_merge with each gather, the dense fallback, the block pass 2)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cupy  # noqa: E402
+
+from santa_cupy import DecodePlan, spec  # noqa: E402
+
+rng = np.random.default_rng(1)
+B, H, KVH, D, L = 3, 8, 2, 128, 700
+lengths = cupy.asarray(np.array([700, 1, 300], np.int32))
+q, k, v = (cupy.asarray(spec.from_float32(rng.standard_normal(s).astype(np.float32), "bfloat16", np))
+           for s in ((B, H, D), (B, L, KVH, D), (B, L, KVH, D)))
+kw = dict(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=64)
+DecodePlan(method="dense", **kw).run(q, k, v, lengths)
+for budget in ("global", "fixed"):
+    for tile in ("warp", "warp_staged", "warp_mma"):
+        for finish in (True, False):
+            plan = DecodePlan(budget=budget, tile_kernel=tile, santa_min_length=0, **kw)
+            plan.finish_in_kernel = finish
+            plan.run(q, k, v, lengths)
+DecodePlan(santa_min_length=200, **kw).run(q, k, v, lengths)
+DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)
+cupy.cuda.Device().synchronize()
+print("racecheck case done")
