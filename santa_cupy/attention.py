@@ -110,6 +110,16 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
     return (o, info) if return_info else o
 
 
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise ModuleNotFoundError(
+            "DecodePlan runs the CUDA kernels and needs CuPy (pip install 'santa-cupy[cuda12]' or "
+            "'santa-cupy[cuda13]'); on the CPU, call santa_cupy.decode_attention with NumPy arrays") from None
+    return cupy
+
+
 class DecodePlan:
     """Preallocated workspaces and kernels for repeated decode-attention calls of one shape on the GPU.
 
@@ -123,7 +133,7 @@ class DecodePlan:
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
                  dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None,
                  dense_splits=None, santa_min_length="auto", _dense_rows=None):
-        import cupy
+        cupy = _import_cupy()
 
         spec.check_choice("method", method, spec.METHODS)
         spec.check_choice("sampler", sampler, spec.SAMPLERS)

@@ -237,3 +237,14 @@ def test_bf16_round_trip_and_rounding():
     np.testing.assert_array_equal(spec.to_float32(spec.from_float32(halfway, "bfloat16")), [1.0, 1 + 2**-6])
     nan = spec.from_float32(np.array([np.nan], np.float32), "bfloat16")
     assert np.isnan(spec.to_float32(nan))[0]
+
+
+def test_decode_plan_without_cupy_says_what_is_needed(monkeypatch):
+    """On a machine without CuPy, DecodePlan names what it needs and the CPU alternative."""
+    import sys
+
+    from santa_cupy import DecodePlan
+
+    monkeypatch.setitem(sys.modules, "cupy", None)          # import cupy -> ImportError
+    with pytest.raises(ModuleNotFoundError, match=r"needs CuPy .*santa-cupy\[cuda12\].*NumPy arrays"):
+        DecodePlan(batch=1, heads=8, kv_heads=2, head_dim=128, max_length=64)
