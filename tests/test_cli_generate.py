@@ -219,16 +219,18 @@ def test_generation_config_defaults_and_overrides(ckpt):
     assert r.exit_code == 2
 
 
-def test_default_model_gets_its_authors_recommendation(tmp_path):
+def test_default_model_decodes_greedily_with_a_repetition_penalty(tmp_path):
     from llama_min import generation_config as gc
 
     d = tmp_path / "SmolLM2-135M-Instruct"
     d.mkdir()
     (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    assert gc.load(d) == {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+    assert gc.load(d) == {"do_sample": False, "repetition_penalty": 1.2}
     assert gc.load(tmp_path) == {}                                   # no file, not the default model
     opts = gc.sampling_options(gc.load(d), {"top_k": None}, greedy=False)
-    assert opts == {"greedy": False, "repetition_penalty": 1.0, "temperature": 0.2, "top_p": 0.9}
+    assert opts == {"greedy": True, "repetition_penalty": 1.2}
+    opts = gc.sampling_options(gc.load(d), {"temperature": 0.2, "top_p": 0.9}, greedy=False)   # the card's
+    assert opts == {"greedy": False, "repetition_penalty": 1.2, "temperature": 0.2, "top_p": 0.9}
     assert gc.sampling_options({}, {}, greedy=False) == {"greedy": True, "repetition_penalty": 1.0}
 
 
