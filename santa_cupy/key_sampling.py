@@ -166,19 +166,9 @@ def block_uniforms(B, KVH, R, C, *, seed, step, layer):
 # ---------------------------------------------------------------------- block probabilities
 
 
-def _valid_rows(B, L_max, lengths):
-    return np.arange(L_max)[None, :] < np.asarray(lengths).reshape(B, 1)  # [B, L_max]
-
-
 def key_feature_variance(k_cache, lengths):
-    """var_j K_{j,i} over the valid rows: [B, KVH, D] float64 (what "qkvar" needs)."""
-    k = ref.to_float64(k_cache)
-    B, L_max = k.shape[:2]
-    valid = _valid_rows(B, L_max, lengths)[:, :, None, None]
-    n = np.asarray(lengths, dtype=F64).reshape(B, 1, 1)
-    mean = np.where(valid, k, 0.0).sum(axis=1) / n
-    sq = np.where(valid, k * k, 0.0).sum(axis=1) / n
-    return np.maximum(sq - mean * mean, 0.0)
+    """var_j K_{j,i} over the valid rows j < lengths[b]: [B, KVH, D] float64 (what "qkvar" needs)."""
+    return np.stack([ref.to_float64(k_cache[b, : int(n)]).var(axis=0) for b, n in enumerate(lengths)])
 
 
 def block_weights(q, kv_heads, key_block, rule, k_var=None):
@@ -269,12 +259,13 @@ def _bernoulli(q, G, R, crn, combine, sector_features, seed, step, layer):
     return q_bar, selected, p, read, feature_used, expected
 
 
-def _bernoulli_block(q, k_cache, lengths, G, R, FB, budget, rule, combine, seed, step, layer):
+def _bernoulli_block(q, k_cache, lengths, G, R, FB, budget, rule, combine, k_var, seed, step, layer):
     """-> (q_bar [B, H, D] float64, selected [B, KVH, R, C], pi [B, KVH, C] f32, read [B, KVH, C],
     expected [B, KVH])."""
     B, H, D = q.shape
     KVH, C = H // G, D // FB
-    k_var = key_feature_variance(k_cache, lengths) if rule == "qkvar" else None
+    if rule == "qkvar" and k_var is None:
+        k_var = key_feature_variance(k_cache, lengths)
     pi = block_probabilities(block_weights(q, KVH, FB, rule, k_var), budget, R)  # [B, KVH, C] f32
     u = block_uniforms(B, KVH, R, C, seed=seed, step=step, layer=layer)
     selected = u < pi[:, :, None, :]  # [B, KVH, R, C]
@@ -304,6 +295,7 @@ def key_scores(
     key_combine="mean",
     key_crn=True,
     sector_features=16,
+    k_var=None,
     seed=0,
     step=0,
     layer=0,
@@ -318,7 +310,10 @@ def key_scores(
     ``key_combine``, ``key_crn`` (per-feature only), ``key_block`` (FB, 16 | 32), ``key_budget``
     (expected fraction of blocks read, in (0, 1]) and ``key_rule`` as in the module docstring.
     ``sector_features``: features per 32-byte sector for the per-feature estimator's byte count
-    (16: the GPU's 2-byte storage). Random numbers from (seed, step, layer, b, group or head).
+    (16: the GPU's 2-byte storage). ``k_var`` [B, KVH, D]: the per-feature variance of K over the
+    valid rows for key_rule="qkvar" (None: computed from k_cache, key_feature_variance; a kernel
+    would keep running sums of K and K^2 on append instead of reading K for it).
+    Random numbers from (seed, step, layer, b, group or head).
     """
     shape = _validate(q, k_cache, lengths, scale, seed, step, layer)
     B, H, KVH, G, D = shape.B, shape.H, shape.KVH, shape.G, shape.D
@@ -330,6 +325,8 @@ def key_scores(
         raise ValueError(f"head dim D={D} must be a multiple of sector_features={sector_features}")
     if np.dtype(out_dtype) not in (np.dtype(F32), np.dtype(F64)):
         raise ValueError(f"out_dtype must be float32 or float64, got {out_dtype!r}")
+    if k_var is not None and np.shape(k_var) != (B, KVH, D):
+        raise ValueError(f"k_var must have shape (B, KVH, D) = {(B, KVH, D)}, got {np.shape(k_var)}")
     R, FB = int(key_draws), int(key_block)
     selected = prob = None
     if key_sampling == "none":
@@ -343,7 +340,7 @@ def key_scores(
         )
     else:
         q_bar, selected, prob, read, expected = _bernoulli_block(
-            q, k_cache, lengths, G, R, FB, float(key_budget), key_rule, key_combine, seed, step, layer
+            q, k_cache, lengths, G, R, FB, float(key_budget), key_rule, key_combine, k_var, seed, step, layer
         )
         feature_used = np.repeat(read, FB, axis=-1)
     scores = _scores_from_query(q_bar, k_cache, lengths, shape.scale).astype(out_dtype)
@@ -385,7 +382,7 @@ def key_sampled_attention(
     the estimated scores, KeySamplingInfo, and the SANTA counts [B, H, L_max] (None for dense).
 
     ``key_options`` go to key_scores (key_sampling, key_draws, key_block, key_budget, key_rule,
-    key_combine, key_crn, sector_features). ``value`` "dense": o = softmax(s_hat) V exactly;
+    key_combine, key_crn, sector_features, k_var). ``value`` "dense": o = softmax(s_hat) V exactly;
     "santa": the reference SANTA value stage (samples / sampler / budget / block_n) on s_hat, with
     the value-sampling keys of reference.santa_attention (rng.head_key streams, independent of the
     key-sampling stream). With key_sampling="none" both equal the reference's dense / SANTA output.

@@ -189,6 +189,20 @@ def test_block_with_zero_query_block_is_never_read_and_exact_there():
     np.testing.assert_allclose(s, ref.head_scores(q, k, lens), rtol=1e-12, atol=1e-12)
 
 
+def test_given_key_variance_equals_the_computed_one():
+    q, k, _, _ = make_case()
+    q2, k2, lens = np.repeat(q, 2, 0), np.repeat(k, 2, 0), np.array([L, 7])
+    k_var = ks.key_feature_variance(k2, lens)
+    np.testing.assert_allclose(k_var[1], k2[1, :7].astype(float).var(axis=0), rtol=1e-12)
+    options = dict(key_sampling="bernoulli_block", key_rule="qkvar", key_budget=0.5, seed=4)
+    s1, i1 = ks.key_scores(q2, k2, lens, **options)
+    s2, i2 = ks.key_scores(q2, k2, lens, k_var=k_var, **options)
+    np.testing.assert_array_equal(s1, s2)
+    np.testing.assert_array_equal(i1.prob, i2.prob)
+    with pytest.raises(ValueError, match="k_var must have shape"):
+        ks.key_scores(q2, k2, lens, k_var=k_var[:, :1], **options)
+
+
 def test_block_probabilities_solve_the_budget():
     w = np.array([[4.0, 1.0, 1.0, 0.5], [1.0, 1.0, 1.0, 1.0]])
     pi = ks.block_probabilities(w, 0.5)
