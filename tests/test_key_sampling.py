@@ -275,10 +275,10 @@ def test_reproducible_given_the_seed_and_different_otherwise(options):
     s2, i2 = ks.key_scores(q, k, lens, **base, **options)
     np.testing.assert_array_equal(s1, s2)
     np.testing.assert_array_equal(i1.selected, i2.selected)
-    for field in ("seed", "step", "layer"):
-        changed = dict(base, **{field: base[field] + 1})
-        _, i3 = ks.key_scores(q, k, lens, **changed, **options)
-        assert not np.array_equal(i1.selected, i3.selected), field
+    for field in ("seed", "step", "layer"):  # a block case has 8 random bits: try a few values
+        changed = [ks.key_scores(q, k, lens, **dict(base, **{field: base[field] + d}), **options)[1].selected
+                   for d in (1, 2, 3)]
+        assert not all(np.array_equal(i1.selected, c) for c in changed), field
 
 
 # ---------------------------------------------------------------------- exact paths, dtypes
