@@ -42,6 +42,13 @@ of K: a constant shift of all of a head's scores leaves softmax unchanged, so on
 q[c] . K_j[c] over j matters. A kernel would keep sum_j K_j and sum_j K_j^2 per (b, kv head,
 feature) next to the cache (updated on append) instead of reading K for it.
 
+Variance target (``key_variance``, "qkvar" only, replaces ``key_budget``): under the same model the
+group's score variance is ``V = scale^2 sum_c w_c^2 v(pi_c)`` with v = (1/pi - 1)/R ("mean") or
+1/(1 - (1 - pi)^R) - 1 ("union"); the fewest blocks read for V = G * key_variance (nats^2 per
+head) is again pi_c = min(1, lam * w_c), now with lam set by that target
+(``block_probabilities_for_variance``). Each group then reads what its own spread needs: layers
+and heads whose blocks all matter read more, the others less.
+
 Random numbers: rng.key_sampling_uniform (stream KEY_SAMPLING_TILE); per-head streams use unit=h,
 group streams unit = rng.GROUP_UNIT | g. p_i is float32: ``float32(|q_i|) / float32(alpha)`` with q
 rounded to float32 first; pi is rounded to float32 before the comparison and the 1/pi weight. A
@@ -71,8 +78,8 @@ VALUE_STAGES = ("dense", "santa")
 
 __all__ = [
     "KEY_SAMPLINGS", "KEY_BLOCKS", "KEY_RULES", "KEY_COMBINES", "KeySamplingInfo", "key_scores",
-    "bernoulli_uniforms", "block_uniforms", "block_weights", "block_probabilities",
-    "expected_sector_fraction", "key_sampled_attention",
+    "bernoulli_uniforms", "block_uniforms", "key_feature_variance", "block_weights", "block_probabilities",
+    "block_probabilities_for_variance", "expected_sector_fraction", "key_sampled_attention",
 ]
 
 
@@ -218,6 +225,31 @@ def block_probabilities(w, budget, R=1, iterations=80):
     return pi.astype(F32)
 
 
+def _block_variance(pi, A, R, combine):
+    """Model variance sum_c A_c v(pi_c) (module docstring); blocks with A_c = 0 add nothing."""
+    pi = np.where(A > 0, pi, 1.0)
+    v = (1.0 / pi - 1.0) / R if combine == "mean" else 1.0 / (1.0 - (1.0 - pi) ** R) - 1.0
+    return (A * v).sum(axis=-1)
+
+
+def block_probabilities_for_variance(w, target, R=1, combine="mean", iterations=100):
+    """pi [..., C] float32 = min(1, lam * w_c) with lam [...] the smallest (bisection on log lam) for
+    which sum_c w_c^2 v(pi_c) <= target [...] (w already in score units, e.g. scale * qkvar
+    weights). Blocks with w_c = 0 get pi = 0."""
+    w = np.asarray(w, dtype=F64)
+    A = w * w
+    target = np.broadcast_to(np.asarray(target, dtype=F64), w.shape[:-1])
+    positive = w > 0
+    w_min = np.where(positive, w, np.inf).min(axis=-1, keepdims=True)
+    hi = np.where(np.isfinite(w_min), np.log(1.0 / np.where(np.isfinite(w_min), w_min, 1.0)), 0.0)  # pi = 1
+    lo = hi - 60.0  # pi ~ 1e-26 * w / w_min: far above any target
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        ok = _block_variance(np.minimum(1.0, np.exp(mid) * w), A, R, combine)[..., None] <= target[..., None]
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    return np.minimum(1.0, np.exp(hi) * w).astype(F32)
+
+
 def expected_sector_fraction(p, G, R, crn, sector_features):
     """Expected fraction of sectors read by the per-feature estimator: p [B, H, D] float32 ->
     [B, KVH] float64. A feature is missed by the group with probability prod_h (1 - p_h)^R
@@ -259,14 +291,19 @@ def _bernoulli(q, G, R, crn, combine, sector_features, seed, step, layer):
     return q_bar, selected, p, read, feature_used, expected
 
 
-def _bernoulli_block(q, k_cache, lengths, G, R, FB, budget, rule, combine, k_var, seed, step, layer):
+def _bernoulli_block(q, k_cache, lengths, G, R, FB, budget, variance, rule, combine, k_var, scale, seed, step,
+                     layer):
     """-> (q_bar [B, H, D] float64, selected [B, KVH, R, C], pi [B, KVH, C] f32, read [B, KVH, C],
     expected [B, KVH])."""
     B, H, D = q.shape
     KVH, C = H // G, D // FB
     if rule == "qkvar" and k_var is None:
         k_var = key_feature_variance(k_cache, lengths)
-    pi = block_probabilities(block_weights(q, KVH, FB, rule, k_var), budget, R)  # [B, KVH, C] f32
+    w = block_weights(q, KVH, FB, rule, k_var)  # [B, KVH, C]
+    if variance is None:
+        pi = block_probabilities(w, budget, R)  # [B, KVH, C] f32
+    else:
+        pi = block_probabilities_for_variance(scale * w, G * variance, R, combine)
     u = block_uniforms(B, KVH, R, C, seed=seed, step=step, layer=layer)
     selected = u < pi[:, :, None, :]  # [B, KVH, R, C]
     pi64 = pi.astype(F64)
@@ -291,6 +328,7 @@ def key_scores(
     key_draws=1,
     key_block=16,
     key_budget=0.75,
+    key_variance=None,
     key_rule="qkvar",
     key_combine="mean",
     key_crn=True,
@@ -308,7 +346,9 @@ def key_scores(
     q [B, H, D]; k_cache [B, L_max, KVH, D] C-contiguous; lengths [B] in 1..L_max; the dtypes of
     santa_cupy (float16, bfloat16 as uint16, float32, float64). ``key_sampling``, ``key_draws`` (R),
     ``key_combine``, ``key_crn`` (per-feature only), ``key_block`` (FB, 16 | 32), ``key_budget``
-    (expected fraction of blocks read, in (0, 1]) and ``key_rule`` as in the module docstring.
+    (expected fraction of blocks read, in (0, 1]), ``key_variance`` (None, or a target score
+    variance in nats^2 per head that replaces key_budget; key_rule "qkvar" only) and ``key_rule`` as
+    in the module docstring.
     ``sector_features``: features per 32-byte sector for the per-feature estimator's byte count
     (16: the GPU's 2-byte storage). ``k_var`` [B, KVH, D]: the per-feature variance of K over the
     valid rows for key_rule="qkvar" (None: computed from k_cache, key_feature_variance; a kernel
@@ -318,6 +358,13 @@ def key_scores(
     shape = _validate(q, k_cache, lengths, scale, seed, step, layer)
     B, H, KVH, G, D = shape.B, shape.H, shape.KVH, shape.G, shape.D
     _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D)
+    if key_variance is not None:
+        if isinstance(key_variance, bool) or not isinstance(key_variance, numbers.Real) or not (
+                0.0 < float(key_variance) < np.inf):
+            raise ValueError(f"key_variance must be None or a finite real > 0, got {key_variance!r}")
+        if key_rule != "qkvar":
+            raise ValueError(f'key_variance needs key_rule="qkvar", got key_rule={key_rule!r}')
+        key_variance = float(key_variance)
     if not isinstance(key_crn, (bool, np.bool_)):
         raise ValueError(f"key_crn must be a bool, got {key_crn!r}")
     _check_int("sector_features", sector_features, 1, D)
@@ -340,7 +387,8 @@ def key_scores(
         )
     else:
         q_bar, selected, prob, read, expected = _bernoulli_block(
-            q, k_cache, lengths, G, R, FB, float(key_budget), key_rule, key_combine, k_var, seed, step, layer
+            q, k_cache, lengths, G, R, FB, float(key_budget), key_variance, key_rule, key_combine, k_var,
+            shape.scale, seed, step, layer
         )
         feature_used = np.repeat(read, FB, axis=-1)
     scores = _scores_from_query(q_bar, k_cache, lengths, shape.scale).astype(out_dtype)
@@ -381,7 +429,7 @@ def key_sampled_attention(
     """Decode attention on estimated scores (reference): o [B, H, D] float64, lse [B, H] float64 of
     the estimated scores, KeySamplingInfo, and the SANTA counts [B, H, L_max] (None for dense).
 
-    ``key_options`` go to key_scores (key_sampling, key_draws, key_block, key_budget, key_rule,
+    ``key_options`` go to key_scores (key_sampling, key_draws, key_block, key_budget, key_variance, key_rule,
     key_combine, key_crn, sector_features, k_var). ``value`` "dense": o = softmax(s_hat) V exactly;
     "santa": the reference SANTA value stage (samples / sampler / budget / block_n) on s_hat, with
     the value-sampling keys of reference.santa_attention (rng.head_key streams, independent of the

@@ -64,6 +64,7 @@ ESTIMATORS = [
     dict(key_sampling="bernoulli_block", key_block=32, key_budget=0.6, key_rule="qrms", key_combine="union",
          key_draws=3),
     dict(key_sampling="bernoulli_block", key_block=16, key_budget=0.3, key_rule="uniform"),
+    dict(key_sampling="bernoulli_block", key_block=16, key_variance=0.5, key_rule="qkvar"),
 ]
 
 
@@ -201,6 +202,33 @@ def test_given_key_variance_equals_the_computed_one():
     np.testing.assert_array_equal(i1.prob, i2.prob)
     with pytest.raises(ValueError, match="k_var must have shape"):
         ks.key_scores(q2, k2, lens, k_var=k_var[:, :1], **options)
+
+
+@pytest.mark.parametrize("R,combine", [(1, "mean"), (3, "mean"), (3, "union")])
+def test_variance_target_is_met_by_the_fewest_blocks(R, combine):
+    rs = np.random.default_rng(5)
+    w = rs.uniform(0.1, 3.0, (50, 4))
+    target = rs.uniform(0.05, 2.0, 50)
+    pi = ks.block_probabilities_for_variance(w, target, R, combine).astype(float)
+    v = (1 / pi - 1) / R if combine == "mean" else 1 / (1 - (1 - pi) ** R) - 1
+    model = (w * w * v).sum(axis=-1)
+    capped = (pi >= 1).all(axis=-1)
+    np.testing.assert_allclose(model[~capped], target[~capped], rtol=1e-5)
+    # proportional to w below the cap
+    ratio = np.where(pi < 1, pi / w, np.nan)
+    np.testing.assert_allclose(np.nanmax(ratio, axis=-1), np.nanmin(ratio, axis=-1), rtol=1e-5)
+
+
+def test_variance_target_reads_more_where_scores_spread_more():
+    q, k, _, lens = make_case()
+    options = dict(key_sampling="bernoulli_block", key_rule="qkvar", key_variance=0.5)
+    _, small = ks.key_scores(q, k, lens, **options)
+    _, large = ks.key_scores(q * 3, k, lens, **options)  # 9x the score variance
+    assert np.all(large.expected_group_fraction > small.expected_group_fraction)
+    k_var = ks.key_feature_variance(k, lens)
+    w = ks.block_weights(q, KVH, 16, "qkvar", k_var) / np.sqrt(D)
+    model = (w**2 * (1 / small.prob.astype(float) - 1)).sum(axis=-1)
+    np.testing.assert_allclose(model, (H // KVH) * 0.5, rtol=1e-5)
 
 
 def test_block_probabilities_solve_the_budget():
@@ -351,6 +379,9 @@ def test_attention_on_sampled_scores_uses_those_scores():
         (dict(sector_features=3), "must be a multiple of sector_features=3"),
         (dict(sector_features=0), r"sector_features must be in \[1, 64\]"),
         (dict(out_dtype=np.int32), "out_dtype must be float32 or float64"),
+        (dict(key_variance=0.0), "key_variance must be None or a finite real > 0"),
+        (dict(key_variance=np.inf), "key_variance must be None or a finite real > 0"),
+        (dict(key_variance=0.1, key_rule="qmax"), 'key_variance needs key_rule="qkvar"'),
         (dict(seed=-1), "seed must be in"),
         (dict(layer=2**32), "layer must be in"),
     ],
