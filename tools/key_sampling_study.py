@@ -16,7 +16,8 @@
    (santa_cupy.key_sampling.key_sampled_attention, value stage dense or SANTA), KL(dense || key
    sampled) of the next-token distributions and top-1 agreement, `kl_seeds` seeds.
 
-Writes a JSON file and a Markdown report (tables; the conclusion is written by hand below them).
+Writes a JSON file and a Markdown report: generated tables, then a hand-written "## Conclusion"
+section that a rerun keeps.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def settings_grid(quick=False):
              with_santa(block(16, "qkvar", 0.875, perm=True))]
     # second round (run with --only ... --append): a finer budget, and per-group variance targets
     grid += [block(16, "qkvar", 0.8125, perm=True), block(16, "qkvar", 1.0, variance=0.1)]
-    grid += [block(16, "qkvar", 1.0, perm=True, variance=v) for v in (0.3, 0.15, 0.08, 0.04)]
-    grid += [with_santa(block(16, "qkvar", 1.0, perm=True, variance=v)) for v in (0.15, 0.08)]
+    grid += [block(16, "qkvar", 1.0, perm=True, variance=v) for v in (0.3, 0.2, 0.15, 0.08, 0.04)]
+    grid += [with_santa(block(16, "qkvar", 1.0, perm=True, variance=v)) for v in (0.2, 0.15, 0.08)]
     return grid
 
 
@@ -225,8 +226,7 @@ def attention_metrics(captured, st: Setting, seeds):
                 o = np.stack([p[h] @ vh[h // G] for h in range(H)])
             else:
                 o = ks.key_sampled_attention(q, k, v, lens, value="santa", samples=st.samples, seed=seed,
-                                             step=t, layer=li, k_var=case["k_var"],
-                                             **st.key)[0][0]
+                                             step=t, layer=li, k_var=k_var, **st.key)[0][0]
             m = s.max(axis=-1)
             lses.append(m + np.log(np.exp(s - m[:, None]).sum(axis=-1)))
             masses.append(np.take_along_axis(p, case["top"], axis=-1).sum(axis=-1))
@@ -379,6 +379,18 @@ def markdown(res):
     return "\n".join(lines)
 
 
+def write_markdown(res, path):
+    """Write the report; a hand-written "## Conclusion" section already in the file is kept."""
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        if "\n## Conclusion" in old:
+            kept = "\n" + old[old.index("\n## Conclusion"):].strip("\n") + "\n"
+    with open(path, "w") as f:
+        f.write(markdown(res) + "\n" + kept)
+
+
 # --------------------------------------------------------------------------------- main
 
 
@@ -396,7 +408,12 @@ def main(argv=None):
                     help="add the rows to the existing JSON (same header settings) and rewrite the report")
     ap.add_argument("--json", default=os.path.join(ROOT, "docs/results/key_sampling_cpu.json"))
     ap.add_argument("--md", default=os.path.join(ROOT, "docs/results/key_sampling_cpu.md"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite the Markdown report from the JSON")
     args = ap.parse_args(argv)
+    if args.report_only:
+        with open(args.json) as f:
+            write_markdown(json.load(f), args.md)
+        return
     t0 = time.time()
     kernel_steps = [int(x) for x in args.kernel_steps.split(",") if int(x) < args.steps]
     path = models.resolve_model(None)
@@ -472,8 +489,7 @@ def main(argv=None):
                              key=lambda r: order.get(r["label"], len(order)))
     with open(args.json, "w") as f:
         json.dump(res, f, indent=1)
-    with open(args.md, "w") as f:
-        f.write(markdown(res))
+    write_markdown(res, args.md)
     print(f"wrote {args.json} and {args.md} ({time.time() - t0:.0f} s)", file=sys.stderr)
 
 
