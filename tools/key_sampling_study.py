@@ -43,6 +43,9 @@ from llama_min.tokenizer import Tokenizer  # noqa: E402
 from santa_cupy import key_sampling as ks  # noqa: E402
 
 TOP = 32  # positions of the exact top mass for the mass bias
+LAYERS_SHOWN = [0, 1, 2, 5, 10, 15, 20, 25, 29]
+BY_LAYER_ROWS = ["bernoulli R=8", "bernoulli R=32 union", "block FB=16 qkvar f=0.75", "block P FB=16 qkvar f=0.75",
+                 "block P FB=16 qkvar f=0.875", "block P FB=16 qkvar v=0.15"]
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,7 @@ def markdown(res):
         f"{h['threads']} threads, {h['wall_s']:.0f} s).",
         "",
     ] + [f"Rows {', '.join(a['rows'])} were added by `--append` at commit `{a['commit']}` ({a['wall_s']:.0f} s); "
-         "same inputs, seeds and dense reference."
+         "same inputs, seeds and dense reference (a later append replaces the rows it names again)."
          for a in h.get("appended", [])] + [
         "",
         "## Method",
@@ -344,7 +347,9 @@ def markdown(res):
         "w = max_h ||q_h[c]||; qrms w = sqrt(sum_h ||q_h[c]||^2); qkvar w = sqrt(sum_h sum_{i in c} "
         "q_hi^2 var_j K_ji; in the model runs var_j K comes from running sums of K and K^2 updated at "
         "every append, as a kernel would keep them). R > 1: R independent draws, combined by their mean or by "
-        "HT on their union.",
+        "HT on their union. \"v=x\" rows replace the budget by a variance target (`key_variance` = x nats^2 "
+        "per head under the diagonal model): each group reads what its own spread needs, so K read is an "
+        "outcome, not a setting.",
         "- \"P\" (permuted layout): per layer and KV head, K's features are stored in a static order, "
         "descending E_t[sum_{h in group} q_hi^2] * var_j K_ji from the calibration steps' q and the cache at "
         "the end of calibration, and q is permuted the same way (q . K unchanged; a layout choice at append "
@@ -365,18 +370,26 @@ def markdown(res):
                                         f"{a['bias_share']:.2f}", fmt(a["lse_bias"], 4),
                                         fmt(a["top_mass_bias"], 4)] + kl) + " |")
     lines += ["", "Relative L2 error by layer (dense value stage):", "",
-              "| setting | " + " | ".join(f"L{li}" for li in res["layers_shown"]) + " |",
-              "|---|" + "---|" * len(res["layers_shown"])]
+              "| setting | " + " | ".join(f"L{li}" for li in LAYERS_SHOWN) + " |",
+              "|---|" + "---|" * len(LAYERS_SHOWN)]
     for r in res["rows"]:
-        if r["label"] in res["by_layer_rows"]:
-            by = r["attention"]["rel_l2_by_layer"]
-            lines.append(f"| {r['label']} | " + " | ".join(fmt(by[str(li)] if str(li) in by else by[li])
-                                                         for li in res["layers_shown"]) + " |")
+        if r["label"] in BY_LAYER_ROWS:
+            by = {int(li): e for li, e in r["attention"]["rel_l2_by_layer"].items()}
+            lines.append(f"| {r['label']} | " + " | ".join(fmt(by[li]) for li in LAYERS_SHOWN) + " |")
     lines += ["", f"Mean inclusion probability per block, FB=16 qkvar f=0.75 (blocks = features 0-15, 16-31, 32-47, "
               f"48-63): natural order {json.dumps(res['pi_profile'])}, permuted order "
               f"{json.dumps(res['pi_profile_perm'])}", "",
               f"Per-feature inclusion p_i = |q_i|/max|q|: {json.dumps(res['feature_profile'])}", ""]
     return "\n".join(lines)
+
+
+def git_commit():
+    """Short HEAD commit, with "+dirty" when tracked files differ from it."""
+    def run(*args):
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True).stdout.strip()
+
+    dirty = run("status", "--porcelain", "--untracked-files=no")
+    return run("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
 def write_markdown(res, path):
@@ -415,6 +428,7 @@ def main(argv=None):
             write_markdown(json.load(f), args.md)
         return
     t0 = time.time()
+    commit = git_commit()  # the code that runs, before anyone edits the tree
     kernel_steps = [int(x) for x in args.kernel_steps.split(",") if int(x) < args.steps]
     path = models.resolve_model(None)
     model = LlamaModel.from_pretrained(path, device="cpu")
@@ -454,21 +468,14 @@ def main(argv=None):
         a, m = row["attention"], row["model"]
         print(f"{st.label:44s} K {a['key_fraction']:.3f} err {a['rel_l2']:.4f} bias {a['rel_bias']:.4f} "
               f"lse+ {a['lse_bias']:.4f} KL {m['kl_mean']:.4f} ({time.time() - t1:.0f} s)", file=sys.stderr)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
     res = {
-        "header": {"commit": commit + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d"),
+        "header": {"commit": commit, "date": time.strftime("%Y-%m-%d"),
                    "machine": platform.processor() or platform.machine(),
                    "threads": os.environ.get("OMP_NUM_THREADS", "default"), "model": models.DEFAULT_MODEL,
                    "context": args.context, "calib": args.calib, "steps": args.steps, "kernel_steps": kernel_steps,
                    "seeds": args.seeds, "kl_seeds": args.kl_seeds, "wall_s": time.time() - t0,
                    "dense_checksum": float(np.abs(dense_logits).sum())},
         "rows": rows,
-        "layers_shown": [0, 1, 2, 5, 10, 15, 20, 25, 29],
-        "by_layer_rows": ["bernoulli R=8", "bernoulli R=32 union", "block FB=16 qkvar f=0.75",
-                          "block P FB=16 qkvar f=0.75", "block P FB=16 qkvar f=0.875"],
         "pi_profile": block_pi_profile(captured, 16, "qkvar", 0.75),
         "pi_profile_perm": block_pi_profile(captured, 16, "qkvar", 0.75, perm=True),
         "feature_profile": feature_profile(captured),
