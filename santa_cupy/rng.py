@@ -18,6 +18,16 @@ unsigned 64-bit integers and wraps modulo 2**64::
 ``tile`` is the tile index for tile-local draws, or GLOBAL_TILE = 0xFFFFFFFF for draws on the
 global comb; ``k`` is the draw index. The float32 value is exact (a 24-bit integer times 2**-24).
 
+Score-stage (key) sampling, santa_cupy.key_sampling, has a stream of its own: the tile field is
+KEY_SAMPLING_TILE = 0xFFFFFFFE (value-stage tiles never reach it) and ``k`` packs (draw r, piece i)::
+
+    key_sampling_uniform(seed, step, layer, b, unit, r, i)
+        = uniform(head_key(seed, step, layer, b, unit), KEY_SAMPLING_TILE, (r << 32) | i)
+
+``unit`` is the query head h for a per-head stream, or GROUP_UNIT | g (GROUP_UNIT = 0x80000000) for
+the stream shared by the heads of KV group g (common random numbers); ``i`` is a feature index
+(per-feature Bernoulli) or a block index (block sampling).
+
 Inputs may be Python ints or NumPy integer arrays (they broadcast); Python ints are taken modulo
 2**64, so a negative seed is its two's complement.
 """
@@ -34,7 +44,13 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _S27, _S30, _S31, _S32, _S40 = (np.uint64(s) for s in (27, 30, 31, 32, 40))
 
-__all__ = ["GLOBAL_TILE", "as_u64", "mix64", "head_key", "uniform"]
+KEY_SAMPLING_TILE = 0xFFFFFFFE  # tile field of the score-stage (key sampling) stream
+GROUP_UNIT = 0x80000000  # head field of a KV group's shared stream: GROUP_UNIT | g
+
+__all__ = [
+    "GLOBAL_TILE", "KEY_SAMPLING_TILE", "GROUP_UNIT", "as_u64", "mix64", "head_key", "uniform",
+    "key_sampling_uniform",
+]
 
 
 def as_u64(x):
@@ -68,3 +84,13 @@ def uniform(key, tile, k):
     """float32 uniform in [0, 1) with 24 random bits, for draw k of a tile (broadcasting)."""
     bits = mix64(mix64(as_u64(key) ^ as_u64(tile)) ^ as_u64(k)) >> _S40
     return np.asarray(bits).astype(np.float32) * np.float32(2.0**-24)
+
+
+def key_sampling_uniform(seed, step, layer, b, unit, r, i):
+    """float32 uniform of the key-sampling stream (module docstring); every argument broadcasts.
+
+    unit: head h (per-head stream) or GROUP_UNIT | g (KV group g's shared stream); r: draw index
+    (< 2**32); i: feature or block index (< 2**32).
+    """
+    key = head_key(seed, step, layer, b, unit)
+    return uniform(key, KEY_SAMPLING_TILE, (as_u64(r) << _S32) | as_u64(i))
