@@ -361,7 +361,7 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     // heads from the partials the others left in L2 (merge.cuh): up to 32 splits a warp per head,
     // one round trip; more, the whole block per head, 32 splits a warp and round trip. One launch
     // instead of two: the plan asks for it up to kernels.DENSE_SELF_MERGE_MAX_SPLITS (32) splits a
-    // group, where it measured faster than santa_merge's launch (BENCHMARKS.md, steps 9, 11, 13).
+    // group, where it measured faster than santa_merge's launch (docs/history/BENCHMARKS-journal.md, steps 9, 11, 13).
     const int n = seq_len(lengths, b, L_max);
     const int active = (n + part_rows - 1) / part_rows;
     if (!block_arrives_last(merge_counters + b * KVH + g, (unsigned)active)) return;

@@ -60,7 +60,7 @@ __device__ __forceinline__ void load_quads(u32 (&w)[N], const void* row, int fir
 // every load is a 16-byte vector. Interleaving the quads (not [t*D/4, (t+1)*D/4)) makes one load
 // instruction of a group's 4 threads read 64 contiguous bytes, two whole 32-byte sectors: no sector
 // is requested by two instructions (the contiguous slices doubled the L1 sector requests;
-// BENCHMARKS.md, step 11).
+// docs/history/BENCHMARKS-journal.md, step 11).
 template <typename T, int D, int G>
 struct MmaQuery {
     static constexpr bool kHi = G > 8;       // rows 8..15 of the tile hold heads too

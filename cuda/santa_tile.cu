@@ -156,30 +156,38 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 
 // ---- v4 pass 2: one warp per run of tiles (systematic sampler, every budget, G <= 8) -----------
 // The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
-// the same closed-form comb counts) but computed in registers by the 32 lanes of one warp, each
-// owning rows [lane * BN/32, (lane + 1) * BN/32) of a tile; no block barrier, no shared
-// accumulator. Selected rows (the union over the group's heads) are gathered by one of three
-// gathers (kGather, below): 4 at a time with every lane adding its D/32 elements into per-head
-// register accumulators of the tile, staged through shared memory likewise, or staged and added
-// on tensor cores.
+// the same closed-form comb counts, the slope over the tile's exp-sum as summed here) but computed
+// in registers by the 32 lanes of one warp, each owning rows [lane * BN/32, (lane + 1) * BN/32) of
+// a tile. Selected rows (the union over the group's heads) are gathered by one of three gathers
+// (kGather, below): 4 at a time with every lane adding its D/32 elements into per-head register
+// accumulators of the tile, staged through shared memory likewise, or staged and added on tensor
+// cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
+// non-finite value marks a NaN/inf score: that head draws nothing and its o is NaN).
 // grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS; warp w of block x
 // takes chunk c = 4x + w, tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) of its sequence.
-// Every budget's estimate is a weighted sum over tiles, so the warp sums its run and writes ONE
-// partial per chunk, into the slots of the chunk's first tile t0 (pass 1's (m, l) in .xy stay:
-// the merge's log-sum-exp reads every tile's):
-//   global / largest_remainder: part_o = sum c V, part_s.zw = (sum c ||V||^2, ||sum c V||^2);
-//     merge kind sum (o = part_o / S).
+// Sequences shorter than santa_from belong to decode_dense_mma (the plan's dense fallback).
+// Every budget's estimate is a weighted sum over tiles; the warp sums its run:
+//   global / largest_remainder: sum c V and m2 = sum c ||V||^2 (o = sum / S).
 //   fixed: S_t = max(1, S // T_b) comb points in every tile, weight w_t = (W_t / Z) / S_t with
-//     W_t / Z = cdf[t] - cdf[t-1] from santa_prefix: part_o = sum_t w_t sum c V, part_s.z =
-//     sum_t w_t^2 (sum c ||V||^2 - ||sum c V||^2 / S_t) (the tiles' variances, as merge kind
-//     fixed forms them), .w = ||part_o||^2; merge kind weighted (o = part_o, var = .z summed).
-// A chunk without comb points writes nothing: part_s[., t0].zw stay pass 1's zeros and the merge
-// skips it (santa_merge, o_stride = tiles_per_warp).
+//     W_t / Z = cdf[t] - cdf[t-1]: sum_t w_t sum c V and m2 = sum_t w_t^2 (sum c ||V||^2 -
+//     ||sum c V||^2 / S_t) (the tiles' variances; o = the sum).
+// Then one of two finishes (finish, chosen by the plan from B * KVH, kernels.FINISH_MAX_GROUPS):
+//   finish 1: the block sums its 4 runs in shared memory and adds them into copy blockIdx.x %
+//     SC_ACC_COPIES of the accumulators acc [copies][B*H*D + B*H]; the last block of the
+//     (sequence, KV head) to arrive writes o and spread (finish_head) and zeroes its copies. One
+//     launch for sample, gather and merge: faster with few groups (B=1 32k: 11.5 us against 7.4 +
+//     5.9 for partials + santa_merge).
+//   finish 0: the run's partial in its first tile's slots, part_o[b, h, t0, :] = sum and part_s.zw
+//     = (m2, ||sum||^2) (pass 1's (m, l) in .xy stay for the merge's log-sum-exp); a run without
+//     comb points writes nothing and santa_merge (o_stride = tiles_per_warp, kind sum / weighted)
+//     skips it. Faster with many groups (B=16 32k: 69 + 9 us against 86 for finish 1).
+// A sequence of length 0 (santa_from 0): o = 0, lse = -inf, spread = 0, rows_read = 0.
 // The run's sums live in shared memory (each lane its own D/32 slice per head, or the mma
 // fragment's elements) rather than registers, so they are not live through the counts phase (at
 // bf16, D 128, BN 128, G 4: 72 instead of 96 registers), for one shared read-add-write per tile
-// and head; measured faster at every point of the H200 grid (BENCHMARKS.md, step 8). Holding the
-// next tile's stash scores across the gather (the pipelining below) took it to 127 (step 9).
+// and head; measured faster at every point of the H200 grid (docs/history/BENCHMARKS-journal.md,
+// step 8). Holding the next tile's stash scores across the gather (the pipelining below) took it to
+// 127 (step 9); __launch_bounds__(.., 4) keeps the finish at 128 (uncapped: 164 with warp_mma).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
 // then per warp sums [G][D] f32; then, staged gathers, per warp SC_GATHER_STAGE_BYTES of staged V rows.
 

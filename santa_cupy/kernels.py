@@ -124,7 +124,7 @@ def row_groups(head_dim: int) -> int:
 
 # decode_dense_mma merges in its own last block per KV group up to this many splits a group; above,
 # santa_merge runs after it. 32 = a warp's lanes: merge.cuh's warp_merge_dense_head merges a head's
-# up to 32 partials with every load in flight at once, a warp per head (H200, BENCHMARKS.md step 11:
+# up to 32 partials with every load in flight at once, a warp per head (H200, docs/history/BENCHMARKS-journal.md step 11:
 # B=1 32k 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8). More splits the kernel merges a
 # head at a time with the whole block (block_merge_dense_head, 32 splits a warp and round trip),
 # which measured slower than santa_merge's launch (step 13: SmolLM2 B=1, 3 groups of 121 splits,
@@ -174,7 +174,7 @@ WARP_TILE_MAX_G = 8
 STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
 MMA_MIN_ROWS = 16            # ... and gathers on tensor cores from this many (where it can)
 # "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
-# H200 (BENCHMARKS.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
+# H200 (docs/history/BENCHMARKS-journal.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 GATHER_STAGE_BYTES = 4096    # SC_GATHER_STAGE_BYTES (gather_mma.cuh): staged V rows per warp
 
