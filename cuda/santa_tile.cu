@@ -171,13 +171,13 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 //   fixed: S_t = max(1, S // T_b) comb points in every tile, weight w_t = (W_t / Z) / S_t with
 //     W_t / Z = cdf[t] - cdf[t-1]: sum_t w_t sum c V and m2 = sum_t w_t^2 (sum c ||V||^2 -
 //     ||sum c V||^2 / S_t) (the tiles' variances; o = the sum).
-// Then one of two finishes (finish, chosen by the plan from B * KVH, kernels.FINISH_MAX_GROUPS):
-//   finish 1: the block sums its 4 runs in shared memory and adds them into copy blockIdx.x %
+// Then one of two finishes (kFinish, the plan's choice from B * KVH, kernels.FINISH_MAX_GROUPS):
+//   kFinish: the block sums its 4 runs in shared memory and adds them into copy blockIdx.x %
 //     SC_ACC_COPIES of the accumulators acc [copies][B*H*D + B*H]; the last block of the
 //     (sequence, KV head) to arrive writes o and spread (finish_head) and zeroes its copies. One
 //     launch for sample, gather and merge: faster with few groups (B=1 32k: 11.5 us against 7.4 +
 //     5.9 for partials + santa_merge).
-//   finish 0: the run's partial in its first tile's slots, part_o[b, h, t0, :] = sum and part_s.zw
+//   !kFinish: the run's partial in its first tile's slots, part_o[b, h, t0, :] = sum and part_s.zw
 //     = (m2, ||sum||^2) (pass 1's (m, l) in .xy stay for the merge's log-sum-exp); a run without
 //     comb points writes nothing and santa_merge (o_stride = tiles_per_warp, kind sum / weighted)
 //     skips it. Faster with many groups (B=16 32k: 69 + 9 us against 86 for finish 1).
@@ -187,7 +187,9 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // bf16, D 128, BN 128, G 4: 72 instead of 96 registers), for one shared read-add-write per tile
 // and head; measured faster at every point of the H200 grid (docs/history/BENCHMARKS-journal.md,
 // step 8). Holding the next tile's stash scores across the gather (the pipelining below) took it to
-// 127 (step 9); __launch_bounds__(.., 4) keeps the finish at 128 (uncapped: 164 with warp_mma).
+// 127 (step 9). __launch_bounds__(.., 4 blocks) for G <= 4 (128 registers, no spills; uncapped,
+// nvcc takes 130-186 and the occupancy halves), 3 for G 5..8 (164-168, as the kernel took before
+// this session; capped at 128 it spilled 100+ bytes).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
 // then per warp sums [G][D] f32; then, staged gathers, per warp SC_GATHER_STAGE_BYTES of staged V rows.
 
@@ -377,12 +379,12 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
 #define SC_GATHER_REGS 0
 #define SC_GATHER_STAGED 1
 #define SC_GATHER_MMA 2
-template <typename T, int D, int BN, int G, int kGather>
-__global__ void __launch_bounds__(SC_NTHREADS, 4)
+template <typename T, int D, int BN, int G, int kGather, bool kFinish>
+__global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
                 int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
-                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o, int finish,
+                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
     pdl_launch_dependents();
@@ -566,7 +568,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         if (lane == 0) m2_w[h] = m2;
     }
     if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
-    if (!finish) {                           // the run's partial in t0's slots; santa_merge follows
+    if constexpr (!kFinish) {                // the run's partial in t0's slots; santa_merge follows
         if (rows_total == 0) return;         // no comb point: part_s[., t0].zw stay pass 1's zeros
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -586,7 +588,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         return;
     }
     } else if (lane < G) {
-        if (!finish) return;
+        if constexpr (!kFinish) return;
         m2_w[lane] = 0.f;
     }
     // The block's 4 runs summed, then added into one of SC_ACC_COPIES copies of the call's

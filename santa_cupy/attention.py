@@ -199,7 +199,10 @@ class DecodePlan:
         # score pass (static shared memory only) and the warp pass 2 (its gather)
         staged = self.tile_kernel in ("warp_staged", "warp_mma")
         self._score_warp_kernel = (self.kernels.score_mma, 0)
-        self._warp_kernel = getattr(self.kernels, "tile_" + self.tile_kernel) if self._warp else None
+        # santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials)
+        self._warp_kernels = ({finish: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if finish else ""))
+                               for finish in (False, True)} if self._warp else None)
+        self._warp_kernel = self._warp_kernels[batch * kv_heads <= kernels.FINISH_MAX_GROUPS] if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
         # how santa_merge combines the fused run's partials
         if budget != "fixed":
@@ -464,11 +467,11 @@ class DecodePlan:
         """santa_tile_warp: one warp per run of tile_tpw tiles samples, gathers and adds into the
         accumulators; the last warp of each (b, KV head) writes o and spread."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        kernels.launch(self._warp_kernel, (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+        kernels.launch(self._warp_kernels[bool(self.finish_in_kernel)], (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
-                        self.part_s, self.part_o, i32(self.finish_in_kernel), self.acc, self.arrive,
+                        self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from)), self._warp_smem)
 

@@ -97,8 +97,9 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # it follows the mma score pass
-        for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp
-            names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}>"
+        for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp; kFinish
+            names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, false>"
+            names[name + "_finish"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, true>"
     return names
 
 
@@ -239,6 +240,9 @@ class KernelSet:
     tile_warp: object = None
     tile_warp_staged: object = None
     tile_warp_mma: object = None
+    tile_warp_finish: object = None
+    tile_warp_staged_finish: object = None
+    tile_warp_mma_finish: object = None
     prefix: object = None
 
 

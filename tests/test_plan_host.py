@@ -467,6 +467,7 @@ def test_many_groups_merge_after_the_warp_pass(launches):
     plan.run(q, k, v, lengths)
     by_name = {name: args for name, _, _, args, _ in launches}
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
-    assert int(by_name["santa_tile_warp"][params["santa_tile_warp"].index("finish")]) == 0
+    assert plan._warp_kernels[False] is plan.kernels.tile_warp_mma          # the partial-writing instance
+    assert plan.kernels.tile_warp_mma_finish is not plan.kernels.tile_warp_mma
     assert int(by_name["santa_merge"][params["santa_merge"].index("o_stride")]) == 3
     assert int(by_name["santa_merge"][params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
