@@ -13,6 +13,7 @@ import sys
 import click
 
 from llama_min.models_cli import models  # noqa: F401  (cli.py imports it from here)
+from santa_cupy.spec import MAX_SAMPLES
 
 
 def _pick_device(device: str) -> str:
@@ -85,12 +86,14 @@ def sampling_report(sampling) -> dict:
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None, help="Nucleus sampling mass.")
 @click.option("--repetition-penalty", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="Divide the logits of tokens already in the context by this (> 1 discourages loops).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of token sampling and of SANTA attention.")
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
+              help="Seed of token sampling and of SANTA attention.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="Compute/KV dtype (default: float32 on CPU, float16 on GPU).")
 @click.option("--attention", "method", type=click.Choice(["dense", "santa"]), default="dense", show_default=True)
-@click.option("--samples", type=click.IntRange(min=1), default=256, show_default=True, help="SANTA samples per head.")
+@click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=256, show_default=True,
+              help="SANTA samples per head.")
 @click.option("--sampler", type=click.Choice(["iid", "stratified", "systematic"]), default="systematic", show_default=True)
 @click.option("--budget", type=click.Choice(["fixed", "global", "largest_remainder"]), default="global", show_default=True)
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
