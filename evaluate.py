@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 import click
 import numpy as np
 
+from llama_min.commands import check_output_path
+
 # ============================================================================ metrics (NumPy)
 
 
@@ -864,18 +866,21 @@ def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
 
 def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
     """Print the Markdown report; optionally write the raw JSON, the report and a plot."""
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=1, default=_json_default)
-        click.echo(f"wrote {json_path}", err=True)
     md = report_markdown(results)
-    click.echo(md)
-    if md_path:
-        with open(md_path, "w") as f:
-            f.write(md)
-        click.echo(f"wrote {md_path}", err=True)
-    if plot_path:
-        write_plot(plot_path, results)
+    click.echo(md)                           # first: the results survive a file that cannot be written
+    try:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(results, f, indent=1, default=_json_default)
+            click.echo(f"wrote {json_path}", err=True)
+        if md_path:
+            with open(md_path, "w") as f:
+                f.write(md)
+            click.echo(f"wrote {md_path}", err=True)
+        if plot_path:
+            write_plot(plot_path, results)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
 
 
 MERGE_SAME_CONFIG = ("model", "kv_dtype", "seeds", "block_n", "small")   # must agree across merged runs
@@ -959,10 +964,13 @@ def _common(f):
         click.option("--small", is_flag=True, help="A CPU-sized grid (minutes on 2 cores): " +
                      ", ".join(f"{k}={v}" for k, v in SMALL.items()) + "."),
         click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     callback=check_output_path,
                      help="Write all raw results as JSON."),
         click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     callback=check_output_path,
                      help="Also write the Markdown report to a file."),
         click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     callback=check_output_path,
                      help="Write a PNG plot (needs matplotlib)."),
     ]
     for o in reversed(opts):
@@ -1049,10 +1057,13 @@ def eval_retrieval(**kw):
 @eval_command.command("merge")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              callback=check_output_path,
               help="Write the merged results as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              callback=check_output_path,
               help="Also write the Markdown report to a file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              callback=check_output_path,
               help="Write a PNG plot (needs matplotlib).")
 def eval_merge(files, json_path, md_path, plot_path):
     """Merge the --json files of runs split by setting (e.g. by --budgets) into one report."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import sys
 
 import click
@@ -36,6 +37,19 @@ def _check_encoding(ctx, param, value):
         return codecs.lookup(value).name
     except LookupError:
         raise click.BadParameter(f"unknown text encoding {value!r}") from None
+
+
+def check_output_path(ctx, param, value):
+    """Callback of an output file option (--json, --markdown, --plot): a one-line usage error
+    (exit 2) when the file cannot be written, before a run whose results it was to hold."""
+    if value is None:
+        return value
+    parent = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(parent):
+        raise click.BadParameter(f"cannot write {click.format_filename(value)}: no directory {parent}")
+    if not os.access(parent, os.W_OK) or (os.path.exists(value) and not os.access(value, os.W_OK)):
+        raise click.BadParameter(f"cannot write {click.format_filename(value)}: permission denied")
+    return value
 
 
 def read_prompt_file(f, encoding: str) -> str:
