@@ -1152,6 +1152,12 @@ def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True
     return rows
 
 
+def _token_count(text: str) -> int:
+    if not text.isdigit():
+        raise click.BadParameter(f"token counts must be integers, got {text!r}", param_hint="--tokens")
+    return int(text)
+
+
 @bench.command("products")
 @click.option("--tokens", default="1,2,4", show_default=True, help="Comma-separated token counts (rows of x).")
 @click.option("--methods", default=",".join(PRODUCT_METHODS), show_default=True,
@@ -1164,7 +1170,7 @@ def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True
 def products_command(tokens, methods, repeats, json_path, markdown_path):
     """The decode step's weight products (Llama-3.1-8B shapes, fp16, float32 out), cuBLAS vs gemv.cu:
     µs, TB/s and % of the streaming-read ceiling, every method on the same rotating weights."""
-    token_list = parse_list(tokens, "tokens", int)
+    token_list = parse_list(tokens, "tokens", _token_count)
     method_list = parse_list(methods, "methods", str)
     bad = [m for m in method_list if m not in PRODUCT_METHODS]
     if bad:
