@@ -91,6 +91,16 @@ def test_generate_bad_option_fails_before_loading(args, option):
     assert "loading" not in res.output and "unknown model" not in res.output
 
 
+@pytest.mark.parametrize("args,code,words", [
+    ([], 2, ["--prompt", "--prompt-file"]), (["--prompt", "w1", "--prompt-file", __file__], 2, ["exactly one"]),
+    (["--prompt", ""], 1, ["prompt is empty"]), (["--prompt", "w1 " * 40], 1, ["40 tokens", "context window"]),
+    (["--prompt", "w1", "--chat"], 1, ["chat template"]),
+])
+def test_generate_bad_prompt_is_one_line(args, code, words, tiny_model):
+    line = error_line(invoke(["generate", "--model", tiny_model, *args]), code)
+    assert all(w in line for w in words), line
+
+
 EVAL_BAD = [
     (["--device", "tpu"], "--device"), (["--dtype", "float64"], "--dtype"),
     (["--seeds", str(2**64)], "--seeds"), (["--seeds", "1,-1"], "--seeds"),
