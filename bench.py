@@ -31,6 +31,8 @@ from pathlib import Path
 
 import click
 
+from llama_min.commands import check_output_path
+
 # ---- one table of shapes, one list of methods ------------------------------------------------
 
 
@@ -392,11 +394,14 @@ def run_metadata(command: str) -> dict:
 def write_outputs(meta, ceiling, rows, table, *, json_path=None, markdown_path=None):
     text = header_markdown(meta, ceiling) + table
     click.echo(text)
-    if markdown_path:
-        Path(markdown_path).write_text(text)
-    if json_path:
-        Path(json_path).write_text(json.dumps({"meta": meta, "ceiling": ceiling, "rows": rows}, indent=1,
-                                              default=str))
+    try:
+        if markdown_path:
+            Path(markdown_path).write_text(text)
+        if json_path:
+            Path(json_path).write_text(json.dumps({"meta": meta, "ceiling": ceiling, "rows": rows}, indent=1,
+                                                  default=str))
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or 'the results'}: {e.strerror or e}") from None
 
 
 def _log(msg):
@@ -888,9 +893,12 @@ def bench():
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=20.0, show_default=True,
               help="Budget for the rotating K/V copies of one configuration (torch copies come on top).")
 @click.option("--no-ceiling", is_flag=True, help="Skip the streaming-read / copy ceiling measurement.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG plot (needs matplotlib).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path)
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path, help="PNG plot (needs matplotlib).")
 @click.option("--pdl", is_flag=True, help="Launch our kernels with programmatic dependent launch "
                                          "(kernels.set_programmatic_launch; sm_90+): each call overlaps the previous.")
 def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner, mem_gb, no_ceiling, pdl,
@@ -1144,17 +1152,25 @@ def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True
     return rows
 
 
+def _token_count(text: str) -> int:
+    if not text.isdigit():
+        raise click.BadParameter(f"token counts must be integers, got {text!r}", param_hint="--tokens")
+    return int(text)
+
+
 @bench.command("products")
 @click.option("--tokens", default="1,2,4", show_default=True, help="Comma-separated token counts (rows of x).")
 @click.option("--methods", default=",".join(PRODUCT_METHODS), show_default=True,
               help=f"Comma-separated, of: {', '.join(PRODUCT_METHODS)}.")
 @click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path)
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path)
 def products_command(tokens, methods, repeats, json_path, markdown_path):
     """The decode step's weight products (Llama-3.1-8B shapes, fp16, float32 out), cuBLAS vs gemv.cu:
     µs, TB/s and % of the streaming-read ceiling, every method on the same rotating weights."""
-    token_list = parse_list(tokens, "tokens", int)
+    token_list = parse_list(tokens, "tokens", _token_count)
     method_list = parse_list(methods, "methods", str)
     bad = [m for m in method_list if m not in PRODUCT_METHODS]
     if bad:
@@ -1217,8 +1233,10 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
               help="Capture santa-cupy's kernels with programmatic dependent launch (GraphDecoder's default on "
                    "sm_90+), or plainly.")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path)
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
+              callback=check_output_path)
 def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, products, pdl, mem_gb,
                 json_path, markdown_path):
     """Whole-model decode latency (ms/token, tokens/s), dense vs SANTA attention."""

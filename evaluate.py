@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 import click
 import numpy as np
 
+from llama_min.commands import check_output_path
+
 # ============================================================================ metrics (NumPy)
 
 
@@ -737,6 +739,15 @@ def check_lengths_fit(cfg: EvalConfig, max_positions: int, which) -> list:
     if "context" in cfg.given and cfg.context > max_positions and {"kernel", "model"} & set(which):
         raise click.BadParameter(f"{cfg.context} is beyond the model's context window "
                                  f"({max_positions} tokens)", param_hint="'--context'")
+    # run_model keeps greedy_tokens + 2 positions free and needs a text of 3 tokens (1 decode step)
+    if "model" in which and max_positions - cfg.greedy_tokens - 2 < 3:
+        raise click.BadParameter(f"{cfg.greedy_tokens} leaves no room for a text in the model's context "
+                                 f"({max_positions} tokens): at most {max_positions - 5}",
+                                 param_hint="'--greedy-tokens'")
+    if "retrieval" in which and retrieval_cap(max_positions, cfg.answer_tokens) < 2:
+        raise click.BadParameter(f"{cfg.answer_tokens} leaves no room for a prompt in the model's context "
+                                 f"({max_positions} tokens): at most {max_positions - 4}",
+                                 param_hint="'--answer-tokens'")
     return notices
 
 
@@ -811,6 +822,12 @@ class Session:
     def run_retrieval(self) -> dict:
         c = self.cfg
         cap = retrieval_cap(self.max_context(), c.answer_tokens)
+        room = self.max_context() - c.answer_tokens - 1                  # the prompt's part of the cache
+        shortest = len(retrieval_prompt_ids(self.tok, 0, 0.5, 10000))      # the needle and question alone
+        if shortest > room:
+            raise click.BadParameter(f"{c.answer_tokens} leaves {room} of the model's {self.max_context()} "
+                                     f"positions for a prompt; the passcode question alone takes {shortest}",
+                                     param_hint="'--answer-tokens'")
         lengths = sorted({min(L, cap) for L in c.lengths})
         trials = len(lengths) * len(c.depths) * c.needles * (1 + len(self.settings) * len(c.seeds))
         with _progress(trials, "eval retrieval") as bar:
@@ -864,18 +881,21 @@ def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
 
 def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
     """Print the Markdown report; optionally write the raw JSON, the report and a plot."""
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=1, default=_json_default)
-        click.echo(f"wrote {json_path}", err=True)
     md = report_markdown(results)
-    click.echo(md)
-    if md_path:
-        with open(md_path, "w") as f:
-            f.write(md)
-        click.echo(f"wrote {md_path}", err=True)
-    if plot_path:
-        write_plot(plot_path, results)
+    click.echo(md)                           # first: the results survive a file that cannot be written
+    try:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(results, f, indent=1, default=_json_default)
+            click.echo(f"wrote {json_path}", err=True)
+        if md_path:
+            with open(md_path, "w") as f:
+                f.write(md)
+            click.echo(f"wrote {md_path}", err=True)
+        if plot_path:
+            write_plot(plot_path, results)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
 
 
 MERGE_SAME_CONFIG = ("model", "kv_dtype", "seeds", "block_n", "small")   # must agree across merged runs
@@ -959,10 +979,13 @@ def _common(f):
         click.option("--small", is_flag=True, help="A CPU-sized grid (minutes on 2 cores): " +
                      ", ".join(f"{k}={v}" for k, v in SMALL.items()) + "."),
         click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     callback=check_output_path,
                      help="Write all raw results as JSON."),
         click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     callback=check_output_path,
                      help="Also write the Markdown report to a file."),
         click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     callback=check_output_path,
                      help="Write a PNG plot (needs matplotlib)."),
     ]
     for o in reversed(opts):
@@ -1049,21 +1072,30 @@ def eval_retrieval(**kw):
 @eval_command.command("merge")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              callback=check_output_path,
               help="Write the merged results as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              callback=check_output_path,
               help="Also write the Markdown report to a file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              callback=check_output_path,
               help="Write a PNG plot (needs matplotlib).")
 def eval_merge(files, json_path, md_path, plot_path):
     """Merge the --json files of runs split by setting (e.g. by --budgets) into one report."""
     parts = []
     for path in files:
-        with open(path) as f:
-            parts.append(json.load(f))
+        try:
+            with open(path, encoding="utf-8") as f:
+                part = json.load(f)
+        except (OSError, ValueError) as exc:          # ValueError: bad JSON or not UTF-8
+            raise click.ClickException(f"cannot read {path}: {exc}") from None
+        if not isinstance(part, dict) or not isinstance(part.get("config"), dict):
+            raise click.ClickException(f"{path} is not the --json output of an eval run (no 'config' object)")
+        parts.append(part)
     try:
         results = merge_results(parts)
-    except (ValueError, KeyError) as exc:
-        raise click.ClickException(f"cannot merge {', '.join(files)}: {exc}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"cannot merge {', '.join(files)}: {exc}") from None
     write_report(results, json_path, md_path, plot_path)
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import sys
 
 import click
 
 from llama_min.models_cli import models  # noqa: F401  (cli.py imports it from here)
+from santa_cupy.spec import MAX_SAMPLES
 
 
 def _pick_device(device: str) -> str:
@@ -35,6 +37,19 @@ def _check_encoding(ctx, param, value):
         return codecs.lookup(value).name
     except LookupError:
         raise click.BadParameter(f"unknown text encoding {value!r}") from None
+
+
+def check_output_path(ctx, param, value):
+    """Callback of an output file option (--json, --markdown, --plot): a one-line usage error
+    (exit 2) when the file cannot be written, before a run whose results it was to hold."""
+    if value is None:
+        return value
+    parent = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(parent):
+        raise click.BadParameter(f"cannot write {click.format_filename(value)}: no directory {parent}")
+    if not os.access(parent, os.W_OK) or (os.path.exists(value) and not os.access(value, os.W_OK)):
+        raise click.BadParameter(f"cannot write {click.format_filename(value)}: permission denied")
+    return value
 
 
 def read_prompt_file(f, encoding: str) -> str:
@@ -85,12 +100,14 @@ def sampling_report(sampling) -> dict:
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None, help="Nucleus sampling mass.")
 @click.option("--repetition-penalty", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="Divide the logits of tokens already in the context by this (> 1 discourages loops).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of token sampling and of SANTA attention.")
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
+              help="Seed of token sampling and of SANTA attention.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="Compute/KV dtype (default: float32 on CPU, float16 on GPU).")
 @click.option("--attention", "method", type=click.Choice(["dense", "santa"]), default="dense", show_default=True)
-@click.option("--samples", type=click.IntRange(min=1), default=256, show_default=True, help="SANTA samples per head.")
+@click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=256, show_default=True,
+              help="SANTA samples per head.")
 @click.option("--sampler", type=click.Choice(["iid", "stratified", "systematic"]), default="systematic", show_default=True)
 @click.option("--budget", type=click.Choice(["fixed", "global", "largest_remainder"]), default="global", show_default=True)
 @click.option("--cuda-graph/--no-cuda-graph", default=None,

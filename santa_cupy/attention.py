@@ -60,15 +60,19 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     largest_remainder), reproducibly from (seed, step, layer). Returns o, or (o, AttentionInfo).
     On the GPU, sequences shorter than ``santa_min_length`` run the exact kernel, where it is
     faster ("auto": the crossover of DecodePlan; 0: santa for every sequence); the NumPy
-    reference always runs the estimator it was asked for.
+    reference always runs the estimator it was asked for. NaN/inf in q is a ValueError; NaN or
+    +inf among a head's scores (NaN/inf in K within the length) makes that head's output NaN.
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
-    block_n = block_n or spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
+    if block_n is None:                  # 0 or False is a bad value, not "the default"
+        block_n = spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
     shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
                                         sampler=sampler, budget=budget, scale=scale, block_n=block_n)
     _check_int("seed", seed, 0, 2**64 - 1)
     _check_int("step", step, 0, 2**63 - 1)
     _check_int("layer", layer, 0, 2**32 - 1)
+    if not (isinstance(santa_min_length, str) and santa_min_length == "auto"):   # the NumPy path too
+        _check_int("santa_min_length", santa_min_length, 0, _INT32_MAX, what="'auto' or an integer")
     if not spec.is_cupy_array(q):
         return _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
                                seed, step, layer, block_n, return_info)
@@ -85,9 +89,9 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     return o, info
 
 
-def _check_int(name, value, lo, hi):
+def _check_int(name, value, lo, hi, what="an integer"):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
     if not lo <= int(value) <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
 
@@ -104,6 +108,11 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
         o, lse, rows_read, spread, counts = reference.santa_attention(
             q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
             step=step, layer=layer, scale=shape.scale, block_n=block_n)
+        # As on the GPU: a head whose log-sum-exp is not finite (NaN or +inf among its scores, from
+        # NaN/inf in K) has a NaN output, not the finite estimate of a meaningless distribution.
+        poisoned = ~np.isfinite(lse)
+        o[poisoned] = np.nan
+        spread[poisoned] = np.nan
         info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
                              spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool))
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)

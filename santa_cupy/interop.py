@@ -17,7 +17,12 @@ def as_array(x, name="array"):
     if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "cupy":
         return x
     if hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__"):
-        import cupy
+        try:
+            import cupy
+        except ImportError:
+            raise TypeError(f"{name} must be a numpy.ndarray (CuPy is not installed, so a "
+                            f"{type(x).__module__}.{type(x).__name__} cannot be viewed as a GPU array); "
+                            f"pass numpy.asarray({name}) for the NumPy path") from None
 
         try:
             if hasattr(x, "__cuda_array_interface__"):
