@@ -70,7 +70,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
                                         sampler=sampler, budget=budget, scale=scale, block_n=block_n)
     _check_int("seed", seed, 0, 2**64 - 1)
     _check_int("step", step, 0, 2**63 - 1)
-    _check_int("layer", layer, 0, 2**32 - 1)
+    _check_int("layer", layer, 0, 2**31 - 1)          # the kernels take it as a C int
     if not (isinstance(santa_min_length, str) and santa_min_length == "auto"):   # the NumPy path too
         _check_int("santa_min_length", santa_min_length, 0, _INT32_MAX, what="'auto' or an integer")
     if not spec.is_cupy_array(q):

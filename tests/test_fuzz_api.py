@@ -179,7 +179,7 @@ def make_case(number, lib) -> Case:
         samples = spec.MAX_SAMPLES
     kwargs = dict(method=_pick(rng, spec.METHODS), samples=samples, sampler=_pick(rng, spec.SAMPLERS),
                   budget=_pick(rng, spec.BUDGETS), seed=int(_pick(rng, (0, 1, 2**64 - 1, int(rng.integers(2**62))))),
-                  step=int(_pick(rng, (0, 7, 2**63 - 1))), layer=int(_pick(rng, (0, 3, 2**32 - 1))),
+                  step=int(_pick(rng, (0, 7, 2**63 - 1))), layer=int(_pick(rng, (0, 3, 2**31 - 1))),
                   scale=_pick(rng, (None, None, 0.05, 1.0)), block_n=_pick(rng, (None, None, 64, 128)),
                   return_info=bool(rng.random() < 0.5))
     case = Case(number, dtype, {"q": conv(q), "k_cache": conv(k), "v_cache": conv(v), "lengths": lib.put(lengths)},
@@ -400,7 +400,7 @@ MUTATIONS = {
     "samples": _keyword("samples", (0, -1, spec.MAX_SAMPLES + 1, 2.0, "64", True, None)),
     "seed": _keyword("seed", (-1, 2**64, 1.5, "0", True, None)),
     "step": _keyword("step", (-1, 2**63, 0.5, False)),
-    "layer": _keyword("layer", (-1, 2**32, "1", 1.0)),
+    "layer": _keyword("layer", (-1, 2**31, "1", 1.0)),
     "block_n": _keyword("block_n", (0, 32, 96, 256, "64", True, 64.0)),
     "scale": _keyword("scale", (0.0, -1.0, float("nan"), float("inf"), "0.1", True, 1j)),
     "santa_min_length": _keyword("santa_min_length", (-1, "never", 1.5, True, None, 2**40)),
