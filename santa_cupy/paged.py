@@ -1,0 +1,104 @@
+"""Paged KV caches (SPEC section 4; issue 18, step 1): the layout, the block table's validation and
+the NumPy reference path, which gathers pages into the contiguous cache and runs the reference.
+
+Layout "NHD" (FlashInfer's and vLLM's): k_pages, v_pages [num_pages, page_size, KVH, D]; "HND":
+[num_pages, KVH, page_size, D]. block_table [B, max_pages] int32: the page ids of sequence b in
+order; lengths [B]. Row j of sequence b lives in page block_table[b, j // page_size] at slot
+j % page_size. Entries past ceil(lengths[b] / page_size) are ignored (any value), so tables may be
+padded; pages may be shared between sequences and listed in any order.
+
+The GPU kernels do not read pages yet (their one place for it is cuda/tile.cuh's cache_row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from santa_cupy import spec
+
+LAYOUTS = ("NHD", "HND")
+DEFAULT_PAGE_SIZE = 16
+MAX_PAGE_SIZE = 256
+
+
+def page_shape(k_pages, layout="NHD"):
+    """(num_pages, page_size, KVH, D) of a page pool in either layout; ValueError naming k_pages."""
+    spec.check_choice("layout", layout, LAYOUTS)
+    shape = tuple(getattr(k_pages, "shape", ()))
+    if len(shape) != 4:
+        raise ValueError(f"k_pages must have 4 dimensions [num_pages, page_size, KVH, D] ({layout}), "
+                         f"got shape {shape}")
+    num_pages, a, b, D = shape
+    page_size, KVH = (a, b) if layout == "NHD" else (b, a)
+    if not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size (k_pages.shape[{1 if layout == 'NHD' else 2}]) must be in "
+                         f"1..{MAX_PAGE_SIZE}, got {page_size}")
+    return num_pages, page_size, KVH, D
+
+
+def validate_block_table(block_table, lengths, num_pages, page_size):
+    """Check that every sequence's pages exist: block_table [B, max_pages] integer, enough columns
+    for each length, every used entry in [0, num_pages). Raises ValueError naming block_table and
+    the first bad entry (row-major order); returns the table as int64 NumPy."""
+    table = np.asarray(block_table.get() if hasattr(block_table, "get") else block_table)
+    lengths = np.asarray(lengths.get() if hasattr(lengths, "get") else lengths)
+    if table.ndim != 2 or table.dtype.kind not in "iu":
+        raise ValueError(f"block_table must be a 2-D integer array [B, max_pages], got "
+                         f"{table.dtype} of shape {table.shape}")
+    if table.shape[0] != lengths.shape[0]:
+        raise ValueError(f"block_table has {table.shape[0]} rows for {lengths.shape[0]} sequences (lengths)")
+    if np.any(lengths < 0):
+        b = int(np.argmax(lengths < 0))
+        raise ValueError(f"lengths must be >= 0, got lengths[{b}] = {int(lengths[b])}")
+    needed = -(-lengths.astype(np.int64) // page_size)                   # pages each sequence uses
+    for b in range(table.shape[0]):
+        if needed[b] > table.shape[1]:
+            raise ValueError(f"block_table row {b} has {table.shape[1]} pages, but lengths[{b}] = "
+                             f"{int(lengths[b])} needs {int(needed[b])} pages of {page_size} rows")
+        used = table[b, :needed[b]].astype(np.int64)
+        bad = np.nonzero((used < 0) | (used >= num_pages))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"block_table[{b}, {i}] = {int(used[i])} is not a page id in [0, {num_pages}) "
+                             f"(the first bad entry)")
+    return table.astype(np.int64)
+
+
+def gather_pages(pages, block_table, lengths, max_length=None, layout="NHD"):
+    """The contiguous cache [B, L_max, KVH, D] of a page pool (NumPy): row j of sequence b from
+    page block_table[b, j // page_size], slot j % page_size; rows >= lengths[b] are zero.
+    L_max = max_length or the table's capacity (max_pages * page_size)."""
+    num_pages, page_size, KVH, D = page_shape(pages, layout)
+    table = validate_block_table(block_table, lengths, num_pages, page_size)
+    lengths = np.asarray(lengths, np.int64)
+    B, max_pages = table.shape
+    L_max = int(max_length) if max_length is not None else max_pages * page_size
+    if np.any(lengths > L_max):
+        b = int(np.argmax(lengths > L_max))
+        raise ValueError(f"lengths[{b}] = {int(lengths[b])} exceeds max_length {L_max}")
+    nhd = pages if layout == "NHD" else np.swapaxes(pages, 1, 2)        # [num_pages, page_size, KVH, D]
+    out = np.zeros((B, L_max, KVH, D), pages.dtype)
+    for b in range(B):
+        n = int(lengths[b])
+        if n == 0:
+            continue
+        j = np.arange(n)
+        out[b, :n] = nhd[table[b, j // page_size], j % page_size]
+    return out
+
+
+def decode_attention_paged(q, k_pages, v_pages, block_table, lengths, *, layout="NHD", max_length=None, **kw):
+    """santa_cupy.decode_attention on a paged cache, NumPy reference path: the pages gathered into
+    the contiguous cache, then the same call (kw: method, samples, sampler, budget, seed, step,
+    layer, scale, block_n, return_info, return_counts). Same outputs as the contiguous call on the
+    gathered cache, bit for bit."""
+    from santa_cupy.attention import decode_attention
+
+    if spec.is_cupy_array(q):
+        raise NotImplementedError("paged KV caches run on the NumPy reference only so far; the GPU kernels "
+                                  "read the contiguous cache [B, L_max, KVH, D]")
+    if page_shape(k_pages, layout) != page_shape(v_pages, layout):
+        raise ValueError(f"k_pages and v_pages must have the same shape, got {k_pages.shape} and {v_pages.shape}")
+    k = gather_pages(k_pages, block_table, lengths, max_length, layout)
+    v = gather_pages(v_pages, block_table, lengths, max_length, layout)
+    return decode_attention(q, k, v, lengths, **kw)
