@@ -74,13 +74,19 @@ def load_config(path) -> LlamaConfig:
         path = path / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    return _parse(read_json_object(path, ConfigError), str(path))
+
+
+def read_json_object(path, error=ValueError) -> dict:
+    """The JSON object in file `path`; `error` (an exception class) with a one-line message naming
+    the file when it is unreadable, not JSON or not an object."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        raw = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object at top level")
-    return _parse(raw, str(path))
+        raise error(f"{path}: expected a JSON object at top level")
+    return raw
 
 
 def _err(source, key, msg):

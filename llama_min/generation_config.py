@@ -12,8 +12,9 @@ one option away: --temperature 0.2 --top-p 0.9.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from llama_min.config import read_json_object
 
 KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 # the default model's defaults (module docstring: why not the model card's sampling)
@@ -46,14 +47,7 @@ def load(model_dir) -> dict:
     """The decoding defaults of a checkpoint directory (a subset of KEYS; {} if none)."""
     model_dir = Path(model_dir)
     path = model_dir / "generation_config.json"
-    raw = {}
-    if path.is_file():
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise GenerationConfigError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise GenerationConfigError(f"{path}: not a JSON object")
+    raw = read_json_object(path, GenerationConfigError) if path.is_file() else {}
     found = _checked(path, raw)
     if not found:
         return dict(RECOMMENDED.get(model_dir.name, {}))

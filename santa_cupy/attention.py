@@ -208,10 +208,14 @@ class DecodePlan:
         # score pass (static shared memory only) and the warp pass 2 (its gather)
         staged = self.tile_kernel in ("warp_staged", "warp_mma")
         self._score_warp_kernel = (self.kernels.score_mma, 0)
-        # santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials)
+        # santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials):
+        # finishing in the kernel (atomics, last block) measured faster for few KV groups (B=1: 11.5
+        # vs 7.4 + 5.9 us with santa_merge), slower for many (B=16 32k: 86 vs 69 + 9 us), so above
+        # kernels.FINISH_MAX_GROUPS the runs write partials and santa_merge follows.
+        self.finish_in_kernel = self._warp and batch * kv_heads <= kernels.FINISH_MAX_GROUPS
         self._warp_kernels = ({finish: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if finish else ""))
                                for finish in (False, True)} if self._warp else None)
-        self._warp_kernel = self._warp_kernels[batch * kv_heads <= kernels.FINISH_MAX_GROUPS] if self._warp else None
+        self._warp_kernel = self._warp_kernels[self.finish_in_kernel] if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
         # how santa_merge combines the fused run's partials
         if budget != "fixed":
@@ -245,10 +249,6 @@ class DecodePlan:
         # (b, KV head) writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add
         # into copy blockIdx.x % ACC_COPIES: fewer atomics on each address) and zeroes them; its
         # arrival counters go back to 0. No call fills anything (santa_prefix zeroes rows_read).
-        # Finishing in the warp pass 2 (atomics, last block) measured faster for few KV groups (B=1:
-        # 11.5 vs 7.4 + 5.9 us with santa_merge), slower for many (B=16 32k: 86 vs 69 + 9 us), so
-        # above kernels.FINISH_MAX_GROUPS the runs write partials and santa_merge follows.
-        self.finish_in_kernel = self._warp and batch * kv_heads <= kernels.FINISH_MAX_GROUPS
         if self._warp:
             self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
@@ -349,7 +349,7 @@ class DecodePlan:
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out)
                 if self.santa_from > self.L_max:
                     return out
-            self._score_warp(q, k_cache, lengths)
+            self._score_and_prefix(q, k_cache, lengths, santa_from=self.santa_from)
             self._tile_warp(v_cache, lengths, layer, out)
             if not self.finish_in_kernel:
                 self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
@@ -380,7 +380,7 @@ class DecodePlan:
                     q, k_cache, v_cache, lengths, self.out)
                 if self.santa_from > self.L_max:
                     return stages
-            stages["score + prefix"] = lambda: self._score_warp(q, k_cache, lengths)
+            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, santa_from=self.santa_from)
             if self.finish_in_kernel:
                 stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
             else:
@@ -441,9 +441,11 @@ class DecodePlan:
         kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
-    def _score_and_prefix(self, q, k_cache, lengths, rows_read=None):
-        """Score pass + santa_prefix of the block route (and of the standalone stages, which pass a
-        scratch rows_read so as not to clear the last run's)."""
+    def _score_and_prefix(self, q, k_cache, lengths, rows_read=None, santa_from=0):
+        """The score pass (stash and tile stats), then santa_prefix (the comb's cdf, lse, rows_read
+        zeroed; the Hamilton allocation for the largest remainder budget). santa_from: the warp
+        pipeline's dense fallback (shorter sequences skipped); rows_read: a scratch buffer for the
+        standalone stages, so as not to clear the last run's."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
@@ -451,32 +453,19 @@ class DecodePlan:
         else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
             kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(0)), smem)
+                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(santa_from)), smem)
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
-                        self.rows_read if rows_read is None else rows_read, i32(self.G), i32(0)),
+                        self.rows_read if rows_read is None else rows_read, i32(self.G), i32(santa_from)),
                        threads=kernels.PREFIX_THREADS)
 
-    def _score_warp(self, q, k_cache, lengths):
-        """The warp pipeline's first two launches: santa_score_mma (stash and tile stats), then
-        santa_prefix (the comb's cdf, lse, rows_read zeroed; the Hamilton allocation for the largest
-        remainder budget), both skipping the sequences of the dense fallback."""
-        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        kernel, smem = self._score_warp_kernel
-        kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                       (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
-                        i32(self.T_max), i32(self.score_tpw), self.scores, self.part_s, i32(self.santa_from)), smem)
-        kernels.launch(self.kernels.prefix, (self.H, self.B),
-                       (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
-                        i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
-                        self.rows_read, i32(self.G), i32(self.santa_from)), threads=kernels.PREFIX_THREADS)
-
     def _tile_warp(self, v_cache, lengths, layer, out):
-        """santa_tile_warp: one warp per run of tile_tpw tiles samples, gathers and adds into the
-        accumulators; the last warp of each (b, KV head) writes o and spread."""
+        """santa_tile_warp: one warp per run of tile_tpw tiles samples and gathers; with
+        finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
+        partials are santa_merge's."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        kernels.launch(self._warp_kernels[bool(self.finish_in_kernel)], (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,

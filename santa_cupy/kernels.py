@@ -197,8 +197,8 @@ def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="globa
     """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
     cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else by
     the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS, "warp_staged" from
-    STAGED_MIN_ROWS, "warp" below. santa_tile_warp follows the tensor-core score pass, whose last
-    block computes the comb's prefix (mma_ok: that pass runs). An explicit warp choice must apply."""
+    STAGED_MIN_ROWS, "warp" below. santa_tile_warp follows the tensor-core score pass (mma_ok: that
+    pass runs). An explicit warp choice must apply."""
     ok = warp_tile_supported(sampler, group) and mma_ok
     if choice == "auto":
         if not ok or (budget == "fixed" and kv_bytes <= FUSED_FIXED_MAX_KV_BYTES):
