@@ -78,10 +78,13 @@ if [ -n "${SMOKE:-}" ]; then
   timeout 90 python3 -m pytest -m gpu -q -x tests/test_gpu_kernels.py -k "$SMOKE" > "$OUT/smoke.log" 2>&1
   echo "smoke ($SMOKE): $(tail -1 "$OUT/smoke.log")"
 fi
-python3 -m pytest -m gpu -q -rs -x --timeout=${TEST_TIMEOUT:-300} --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+# PYTEST_STOP="" runs every test (no -x), to see all failures of a change in one call
+python3 -m pytest -m gpu -q -rfs ${PYTEST_STOP--x} --timeout=${TEST_TIMEOUT:-300} --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses"; tail -3 "$OUT/memcheck.log"
+  compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/racecheck_case.py > "$OUT/racecheck.log" 2>&1
+  echo "racecheck exit $?: $(tail -1 "$OUT/racecheck.log")"
 fi
 if [ -z "${SKIP_BENCH:-}" ] && [ -f bench.py ]; then
   wait_flashinfer_warm

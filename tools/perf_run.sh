@@ -3,7 +3,7 @@
 # bench grid for llama8b, bench stages and e2e. Results: $OUT/perf.tgz plus the printed tables.
 #   SANTA_CUPY_COMMIT=<hash> bash tools/perf_run.sh ["pytest -k expr"]
 # Settings (environment): METHODS, SHAPES, BATCHES, CONTEXTS, BENCH_TIMEOUT, SKIP_E2E, and gpu_check.sh's
-# SMOKE / TEST_TIMEOUT / SKIP_SANITIZER. After a kernel change on a short budget, e.g.
+# SMOKE / TEST_TIMEOUT / SKIP_SANITIZER / PYTEST_STOP. After a kernel change on a short budget, e.g.
 #   SMOKE=warp_tile TEST_TIMEOUT=60 BATCHES=1,16 bash tools/perf_run.sh
 # The default methods end with the peers (cuDNN, FA2, and FlashInfer when its wheels are in .whl/):
 # the table's "x best peer" divides against the fastest of them.
@@ -15,12 +15,13 @@ install_wheels
 start_flashinfer_warm                # FlashInfer's JIT build overlaps the tests
 SKIP_BENCH=1 bash tools/gpu_check.sh "${1:-}" 2>&1 | tail -12
 wait_flashinfer_warm
-M=${METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048,santa-fixed-systematic-2048-staged,$(peers)}
+# santa without a suffix is the default plan (short sequences run exact); -always times the estimator
+M=${METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-always,santa-fixed-systematic-2048-always,$(peers)}
 echo "bench kernels --methods $M"
 timeout ${BENCH_TIMEOUT:-300} python3 bench.py kernels --shape ${SHAPES:-llama8b} --batch ${BATCHES:-1,4,16} --context ${CONTEXTS:-32k,128k} \
   --methods "$M" --json /tmp/perf/bench.json --markdown /tmp/perf/bench.md 2>/tmp/perf/bench.err | tail -40
 tail -2 /tmp/perf/bench.err
-SM=${STAGE_METHODS:-dense,santa-global-systematic-256,santa-fixed-systematic-2048}
+SM=${STAGE_METHODS:-dense,santa-global-systematic-256-always,santa-fixed-systematic-2048-always}
 timeout 60 python3 bench.py stages --batch 1 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b1.md
 timeout 60 python3 bench.py stages --batch 16 --context 32k --methods "$SM" 2>>/tmp/perf/bench.err | tee /tmp/perf/stages_b16.md
 if [ -z "${SKIP_E2E:-}" ]; then
