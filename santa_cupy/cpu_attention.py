@@ -64,35 +64,6 @@ def tile_stats(scores, n, block_n):
     return reference.TileStats(m=m, l=cum[..., -1].copy(), cum=cum, valid=valid, n=int(n), block_n=int(block_n))
 
 
-def systematic_counts(stats, off, sw, n_points):
-    """Counts [R, T, BN] float32 (integer valued) of a systematic comb in each tile.
-
-    The float32 arithmetic of reference.local_systematic_counts: a = float32(sw / l_t),
-    N_j = clamp(ceil(float32(float32(a * cum_j) - off)), 0, n_points), N = n_points from the last
-    valid row on; row j gets N_j - N_{j-1}. off, sw float32 [R, T]; n_points integers [R, T]."""
-    a = (sw.astype(F32) / stats.l).astype(F32)                       # [R, T]
-    x = a[..., None] * stats.cum                                      # float32, rounded
-    x -= off.astype(F32)[..., None]                                   # float32, rounded
-    N = np.ceil(x, out=x)
-    top = n_points.astype(F32)
-    np.clip(N, F32(0), top[..., None], out=N)
-    N[..., -1] = top
-    last = int(stats.valid[-1])
-    N[:, -1, last - 1:] = top[:, -1, None]
-    return np.diff(N, axis=-1, prepend=F32(0))
-
-
-def global_comb(prefix, keys, samples):
-    """budget="global", systematic: per-tile comb (off, sw, n_points) [R, T] of one comb of S
-    points over the global CDF, from the float64 prefix (as reference._global_counts)."""
-    S = samples
-    U = rng.uniform(keys, spec.GLOBAL_TILE, 0).astype(F64)[:, None]   # [R, 1]
-    k0 = np.ceil(S * prefix.C_prev - U)
-    n_t = np.ceil(S * prefix.C - U) - k0
-    off = (k0 + U - S * prefix.C_prev).astype(F32)
-    return off, (S * prefix.w).astype(F32), n_t
-
-
 def tile_budget(prefix, budget, samples, n_rows, n_tiles):
     """Samples per tile S_t [R, T] int64 of the tile-local budgets (fixed, largest_remainder)."""
     if budget == "fixed":
@@ -108,14 +79,15 @@ def counts_from_stats(stats, keys, *, samples, sampler, budget):
     if budget == "global":
         coef = np.full((R, T), 1.0 / samples, dtype=F32)
         if sampler == "systematic":
-            return systematic_counts(stats, *global_comb(prefix, keys, samples)), coef
+            return reference.local_systematic_counts(stats, *reference.global_systematic_comb(prefix, keys, samples),
+                                                     dtype=F32), coef
         S_t = None
     else:
         S_t = tile_budget(prefix, budget, samples, R, T)
         coef = (prefix.w / S_t).astype(F32) if budget == "fixed" else np.full((R, T), 1.0 / samples, F32)
         if sampler == "systematic":
             U = rng.uniform(keys[:, None], np.arange(T)[None, :], 0)     # [R, T] float32
-            return systematic_counts(stats, U, S_t.astype(F32), S_t), coef
+            return reference.local_systematic_counts(stats, U, S_t.astype(F32), S_t, dtype=F32), coef
     # iid / stratified: points located in float32 tile CDFs by the reference's own stage (its
     # cost is in the points, O(S) per head, not in the rows).
     c = reference.tile_counts(stats, prefix, keys, samples=samples, sampler=sampler, budget=budget)

@@ -162,21 +162,24 @@ def global_prefix(m, l, samples=None):
 # ------------------------------------------------------------------------ stage: in-tile sampling
 
 
-def local_systematic_counts(stats, off, sw, n_points):
-    """Counts [R, T, BN] int32 of a systematic comb inside each tile.
+def local_systematic_counts(stats, off, sw, n_points, dtype=np.int32):
+    """Counts [R, T, BN] (``dtype``; santa_cupy.cpu_attention takes float32) of a systematic comb
+    inside each tile.
 
     off, sw float32 [R, T]; n_points int [R, T]. N(F) = clamp(ceil(a*cum_j - off), 0, n) with
-    a = float32(sw / l_t); row j gets N_j - N_{j-1}; N is forced to n at the last valid row.
+    a = float32(sw / l_t), every product and difference rounded to float32; row j gets
+    N_j - N_{j-1}; N is forced to n at the last valid row. (N <= MAX_SAMPLES is exact in float32.)
     """
-    off = np.asarray(off, dtype=F32)
     a = (np.asarray(sw, dtype=F32) / stats.l).astype(F32)  # [R, T]
-    prod = (a[..., None] * stats.cum).astype(F32)  # [R, T, BN]
-    x = (prod - off[..., None]).astype(F32)
-    n_points = np.asarray(n_points, dtype=np.int64)[..., None]
-    N = np.clip(np.ceil(x).astype(np.int64), 0, n_points)
-    last = np.arange(stats.block_n)[None, None, :] >= (stats.valid - 1)[None, :, None]
-    N = np.where(last, n_points, N)
-    return np.diff(N, axis=-1, prepend=0).astype(np.int32)
+    x = a[..., None] * stats.cum  # float32, rounded
+    x -= np.asarray(off, dtype=F32)[..., None]  # float32, rounded
+    N = np.ceil(x, out=x)
+    top = np.asarray(n_points).astype(F32)
+    np.clip(N, F32(0), top[..., None], out=N)
+    N[..., -1] = top  # the last row of every tile (full tiles)
+    last = int(stats.valid[-1])
+    N[:, -1, last - 1:] = top[:, -1, None]  # ... and of the last, partial tile
+    return np.diff(N, axis=-1, prepend=F32(0)).astype(dtype, copy=False)
 
 
 def locate(stats, r, t, y):
@@ -215,17 +218,24 @@ def _counts_from_points(stats, r, t, y):
     return np.bincount(flat, minlength=R * T * BN).reshape(R, T, BN).astype(np.int32)
 
 
+def global_systematic_comb(prefix, keys, samples):
+    """One systematic comb of S points over the global CDF, per tile: (off float32 [R, T], the
+    offset of the tile's first point; sw float32 [R, T] = S W_t / Z; n_points [R, T], the points
+    in the tile), from the float64 prefix and one uniform per head (keys [R])."""
+    S = samples
+    U = rng.uniform(keys, spec.GLOBAL_TILE, 0).astype(F64)[:, None]  # [R, 1]
+    k0 = np.ceil(S * prefix.C_prev - U)
+    n_t = np.ceil(S * prefix.C - U) - k0
+    off = (k0 + U - S * prefix.C_prev).astype(F32)
+    return off, (S * prefix.w).astype(F32), n_t.astype(np.int64)
+
+
 def _global_counts(stats, prefix, keys, samples, sampler):
     """budget="global": one comb (or S points) over the global CDF, exactly S samples per row."""
     S = samples
     C, C_prev, w = prefix.C, prefix.C_prev, prefix.w
     if sampler == "systematic":
-        U = rng.uniform(keys, spec.GLOBAL_TILE, 0).astype(F64)[:, None]  # [R, 1]
-        k0 = np.ceil(S * C_prev - U)
-        n_t = np.ceil(S * C - U) - k0
-        off = (k0 + U - S * C_prev).astype(F32)
-        sw = (S * w).astype(F32)
-        return local_systematic_counts(stats, off, sw, n_t.astype(np.int64))
+        return local_systematic_counts(stats, *global_systematic_comb(prefix, keys, S))
     R = keys.shape[0]
     k = np.arange(S, dtype=np.int64)
     U = rng.uniform(keys[:, None], spec.GLOBAL_TILE, k[None, :]).astype(F64)  # [R, S]
