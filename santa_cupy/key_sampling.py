@@ -356,7 +356,7 @@ def key_scores(
     Random numbers from (seed, step, layer, b, group or head).
     """
     shape = _validate(q, k_cache, lengths, scale, seed, step, layer)
-    B, H, KVH, G, D = shape.B, shape.H, shape.KVH, shape.G, shape.D
+    B, KVH, G, D = shape.B, shape.KVH, shape.G, shape.D
     _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D)
     if key_variance is not None:
         if isinstance(key_variance, bool) or not isinstance(key_variance, numbers.Real) or not (

@@ -392,16 +392,22 @@ def git_commit():
     return run("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
-def write_markdown(res, path):
-    """Write the report; a hand-written "## Conclusion" section already in the file is kept."""
+def write_report(path, text, kept_heading):
+    """Write `text` to the report at `path`, keeping a hand-written section that starts with the
+    line `kept_heading` (e.g. "## Conclusion") and runs to the end, if the file has one."""
     kept = ""
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
-        if "\n## Conclusion" in old:
-            kept = "\n" + old[old.index("\n## Conclusion"):].strip("\n") + "\n"
+        if "\n" + kept_heading in old:
+            kept = "\n" + old[old.index("\n" + kept_heading):].strip("\n") + "\n"
     with open(path, "w") as f:
-        f.write(markdown(res) + "\n" + kept)
+        f.write(text + "\n" + kept)
+
+
+def write_markdown(res, path):
+    """Write the report; a hand-written "## Conclusion" section already in the file is kept."""
+    write_report(path, markdown(res), "## Conclusion")
 
 
 # --------------------------------------------------------------------------------- main

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -357,21 +356,9 @@ def markdown(res):
     return "\n".join(lines)
 
 
-def git_commit():
-    def run(*a):
-        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
-    return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def write_markdown(res, path):
     """Write the report; a hand-written "## Verdict" section already in the file is kept."""
-    kept = ""
-    if os.path.exists(path):
-        old = open(path).read()
-        if "\n## Verdict" in old:
-            kept = "\n" + old[old.index("\n## Verdict"):].strip("\n") + "\n"
-    with open(path, "w") as f:
-        f.write(markdown(res) + "\n" + kept)
+    kss.write_report(path, markdown(res), "## Verdict")
 
 
 def main(argv=None):
@@ -405,7 +392,7 @@ def main(argv=None):
         write_markdown(json.load(open(args.json)), args.md)
         return
     t0 = time.time()
-    commit = git_commit()
+    commit = kss.git_commit()
     args.samples = [int(x) for x in args.samples.split(",")]
     args.global_grid = [int(x) for x in args.global_grid.split(",")]
     names = [x.strip() for x in args.only.split(";") if x.strip()] or list(guesses())
