@@ -108,11 +108,6 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
         o, lse, rows_read, spread, counts = reference.santa_attention(
             q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
             step=step, layer=layer, scale=shape.scale, block_n=block_n)
-        # As on the GPU: a head whose log-sum-exp is not finite (NaN or +inf among its scores, from
-        # NaN/inf in K) has a NaN output, not the finite estimate of a meaningless distribution.
-        poisoned = ~np.isfinite(lse)
-        o[poisoned] = np.nan
-        spread[poisoned] = np.nan
         info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
                              spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool))
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)

@@ -449,6 +449,11 @@ def santa_attention(
         spread[b] = sb.reshape(H)
         _, lse[b] = exact_tile_weights(s, n, block_n)
         rows_read[b] = (cg > 0).any(axis=1).sum(axis=-1)
+    # The kernels' contract: a head whose log-sum-exp is not finite (NaN or +inf among its scores,
+    # from NaN/inf in K) has a NaN output and spread, not the estimate of a meaningless distribution.
+    poisoned = ~np.isfinite(lse)
+    o[poisoned] = np.nan
+    spread[poisoned] = np.nan
     return o, lse, rows_read, spread, counts
 
 
