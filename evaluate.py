@@ -722,10 +722,13 @@ def retrieval_cap(max_positions: int, answer_tokens: int) -> int:
     return max_positions - answer_tokens - 2
 
 
-def check_lengths_fit(cfg: EvalConfig, max_positions: int, which) -> list:
+def check_lengths_fit(cfg: EvalConfig, max_positions: int, which, n_layers: int | None = None) -> list:
     """Retrieval lengths beyond the context window: a UsageError (exit 2) when the user asked for
-    them, else (a default grid on a short-context model) a notice of the cap. Returns the notices."""
+    them, else (a default grid on a short-context model) a notice of the cap; likewise --layers
+    beyond the model's n_layers. Returns the notices."""
     notices = []
+    if "kernel" in which and n_layers is not None:
+        select_layers(cfg.layers, n_layers, clamp="layers" not in cfg.given)
     if "retrieval" in which:
         cap = retrieval_cap(max_positions, cfg.answer_tokens)
         over = [L for L in cfg.lengths if L > cap]
@@ -751,13 +754,20 @@ def check_lengths_fit(cfg: EvalConfig, max_positions: int, which) -> list:
     return notices
 
 
-def select_layers(spec_text: str, n_layers: int) -> list[int]:
+def select_layers(spec_text: str, n_layers: int, clamp: bool = True) -> list[int]:
+    """Layer indices from 'all' or a comma list (negative counts from the end). clamp: indices past
+    the last layer become the last (a preset's grid on a smaller model); else they are an error
+    naming --layers (what the user typed)."""
     if spec_text.strip() == "all":
         return list(range(n_layers))
-    layers = sorted({min(int(x), n_layers - 1) if int(x) >= 0 else n_layers + int(x)
-                     for x in _csv(spec_text)})
+    given = _csv(spec_text, int)
+    over = [x for x in given if x >= n_layers or x < -n_layers]
+    if over and not clamp:
+        raise click.BadParameter(f"{', '.join(map(str, over))} out of range: the model has {n_layers} layers "
+                                 f"(0..{n_layers - 1}, or -{n_layers}..-1 from the end)", param_hint="'--layers'")
+    layers = sorted({min(x, n_layers - 1) if x >= 0 else n_layers + x for x in given})
     if any(not 0 <= li < n_layers for li in layers):
-        raise click.BadParameter(f"layers must be in 0..{n_layers - 1}, got {spec_text}")
+        raise click.BadParameter(f"layers must be in 0..{n_layers - 1}, got {spec_text}", param_hint="'--layers'")
     return layers
 
 
@@ -776,7 +786,9 @@ class Session:
         self.device = pick_device(cfg.device)
         try:
             self.path = resolve_model(cfg.model, progress=True)
-            for notice in check_lengths_fit(cfg, load_config(self.path).max_position_embeddings, which):
+            model_cfg = load_config(self.path)
+            for notice in check_lengths_fit(cfg, model_cfg.max_position_embeddings, which,
+                                            model_cfg.num_hidden_layers):
                 click.echo(notice, err=True)
             click.echo(f"loading {self.path} on {self.device} ...", err=True)
             self.model = LlamaModel.from_pretrained(self.path, device=self.device, dtype=cfg.dtype)
@@ -798,7 +810,7 @@ class Session:
         c = self.cfg
         n = min(c.context, self.max_context())
         ids = long_text_ids(self.tok, n)
-        layers = select_layers(c.layers, self.model.cfg.num_hidden_layers)
+        layers = select_layers(c.layers, self.model.cfg.num_hidden_layers, clamp="layers" not in c.given)
         click.echo(f"eval kernel: capturing q/K/V of {len(layers)} layers at context {n} ...", err=True)
         captured = capture_attention_inputs(self.model, ids)
         total = len(layers) * (1 + len(self.settings) * len(c.seeds))

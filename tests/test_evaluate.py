@@ -436,3 +436,16 @@ def test_eval_lengths_beyond_context_rejected_or_noted(tmp_path):
     with pytest.raises(click.BadParameter, match="context"):
         ev.check_lengths_fit(ev.resolve_config(True, context=5000), 64, ["model"])
     assert ev.resolve_config(True, samples=[16, 32]).samples == [16, 32]   # parsed lists pass through
+
+
+def test_eval_layers_beyond_the_model_rejected_given_clamped_preset():
+    with pytest.raises(click.BadParameter, match="99 out of range: the model has 30 layers"):
+        ev.check_lengths_fit(ev.resolve_config(True, layers="0,99"), 8192, ["kernel"], 30)
+    with pytest.raises(click.BadParameter, match="-31 out of range"):
+        ev.check_lengths_fit(ev.resolve_config(True, layers="-31"), 8192, ["kernel"], 30)
+    assert ev.check_lengths_fit(ev.resolve_config(True, layers="0,99"), 8192, ["model"], 30) == []  # unused there
+    assert ev.check_lengths_fit(ev.resolve_config(True), 8192, ["kernel"], 2) == []   # the preset's 0,14,29
+    assert ev.select_layers("0,14,29", 2) == [0, 1]
+    with pytest.raises(click.BadParameter, match="14, 29 out of range") as e:
+        ev.select_layers("0,14,29", 2, clamp=False)
+    assert "--layers" in e.value.format_message()
