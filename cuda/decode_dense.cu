@@ -31,7 +31,7 @@ __device__ __forceinline__ void write_split_partials(const float* acc_s, const f
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
         const int h = idx / D, d = idx % D;
         float M = -SC_INF;
-        for (int r = 0; r < N; ++r) M = fmaxf(M, m_s[r * G + h]);
+        for (int r = 0; r < N; ++r) M = max_nan(M, m_s[r * G + h]);   // a NaN part: o and L NaN
         float o = 0.f, L = 0.f;
         for (int r = 0; r < N; ++r) {
             const float mr = m_s[r * G + h];
@@ -240,13 +240,14 @@ struct MmaDenseState {
                 s[j][e] = valid ? s[j][e] * mult : -SC_INF;
             }
         }
-        // The 4 threads of a group share a row's max.
-        float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-        float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+        // The 4 threads of a group share a row's max; NaN-propagating, so that a NaN score among
+        // masked rows (a sequence of one NaN key) makes m NaN instead of leaving it at -inf.
+        float mx_lo = max_nan(max_nan(s[0][0], s[0][1]), max_nan(s[1][0], s[1][1]));
+        float mx_hi = max_nan(max_nan(s[0][2], s[0][3]), max_nan(s[1][2], s[1][3]));
 #pragma unroll
         for (int off = 1; off < 4; off <<= 1) {
-            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-            if (kHi) mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+            mx_lo = max_nan(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+            if (kHi) mx_hi = max_nan(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
         }
         const float mn_lo = max_nan(m_lo, mx_lo), mn_hi = max_nan(m_hi, mx_hi);   // all-NaN scores: m NaN
         const float ref_lo = mn_lo == -SC_INF ? 0.f : mn_lo, ref_hi = mn_hi == -SC_INF ? 0.f : mn_hi;
