@@ -471,3 +471,43 @@ def test_many_groups_merge_after_the_warp_pass(launches):
     assert plan.kernels.tile_warp_mma_finish is not plan.kernels.tile_warp_mma
     assert int(by_name["santa_merge"][params["santa_merge"].index("o_stride")]) == 3
     assert int(by_name["santa_merge"][params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
+
+
+@pytest.mark.parametrize("budget,tile_kernel", [("global", "auto"), ("fixed", "warp"), ("global", "warp_mma")])
+def test_one_launch_pipeline(launches, budget, tile_kernel):
+    """pipeline="one_launch": one santa_one_launch launch with its signature's arguments (the
+    same gather as tile_kernel), a grid that fits the resident blocks (its barrier waits for all of
+    a group's blocks), the barrier counters beside the arrival counters."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget=budget,
+                      tile_kernel=tile_kernel, pipeline="one_launch", santa_min_length=0)
+    assert plan.pipeline == "one_launch"
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["santa_one_launch"]
+    name, grid, block, args, smem = launches[0]
+    sig = _kernel_signatures()[name]
+    assert len(args) == len(sig)
+    for arg, (param, scalar) in zip(args, sig):
+        assert (isinstance(arg, np.ndarray) if scalar is None else type(arg) is scalar), param
+    params = [p for p, _ in sig]
+    assert args[params.index("barrier")] is plan.barrier and args[params.index("arrive")] is plan.arrive
+    assert int(args[params.index("tiles_per_warp")]) == plan.one_tpw
+    assert grid[0] * grid[1] * grid[2] <= 4 * 132                 # resident_blocks' fallback: 4 a SM
+    assert smem == plan._warp_smem
+    want = {"auto": "tile_warp", "warp": "tile_warp", "warp_mma": "tile_warp_mma"}[tile_kernel]
+    assert plan._one_kernel.name == "santa_one_launch" and plan.tile_kernel.startswith(want.removeprefix("tile_"))
+
+
+def test_one_launch_tiles_per_warp_fits_the_resident_grid():
+    # B=1, 8 KV heads, 32k at BN 128: 256 tiles a group, 396 resident blocks (3 a SM)
+    c = kernels.one_launch_tiles_per_warp(256, 8, 396)
+    assert 8 * -(-(-(-256 // c)) // 4) <= 396 and c == 2
+    for tiles, groups, slots in ((1024, 32, 396), (8, 32, 32), (100000, 1, 132), (3, 5, 7)):
+        c = kernels.one_launch_tiles_per_warp(tiles, groups, slots)
+        assert groups * -(-(-(-tiles // c)) // 4) <= slots
+    assert kernels.one_launch_tiles_per_warp(10, 33, 32) is None
+    assert not kernels.one_launch_applies("largest_remainder", 8, True)
+    assert not kernels.one_launch_applies("global", kernels.FINISH_MAX_GROUPS + 1, True)
+    assert kernels.one_launch_applies("fixed", 8, True) and not kernels.one_launch_applies("global", 8, False)
