@@ -9,9 +9,10 @@
 //   2. every block of the group arrives at barrier[b, g] and waits for the others (all of the
 //      grid is resident at once: the plan sizes it from the occupancy, kernels.one_launch_fits);
 //   3. each block computes the group's float64 prefix itself (warp_prefix, prefix.cuh: the same
-//      inputs and arithmetic in every block and in santa_prefix, so the same bits as the
-//      three-launch pipeline), writes C_t of its own tiles (and the tile before them) to cdf and
-//      keeps the heads' lse (block 0 writes lse);
+//      inputs and arithmetic in every block, so the same bits; santa_prefix's block scan adds in
+//      another order, so the three-launch pipeline agrees to rounding: a comb point within an
+//      ulp of a tile boundary may fall on the other side), writes C_t of its own tiles (and the
+//      tile before them) to cdf and keeps the heads' lse (block 0 writes lse);
 //   4. the warp pass 2 over the same tiles (tile_warp_runs of santa_tile.cu, its finish: the last
 //      block writes o and spread and resets both counters).
 // grid (blocks, KVH, B), block SC_NTHREADS. Sequences shorter than santa_from are

@@ -1,17 +1,46 @@
 // santa_prefix.cu — per-head global comb preparation for the two-pass budgets.
 //
-// grid (H, B), block 256 (SC_PREFIX_THREADS). From the tile stats of pass 1 its first warp computes,
-// in float64 (warp_prefix, prefix.cuh): m* = max m_t, W_t = exp(m_t - m*) l_t, Z, and the inclusive
-// prefix C_t = sum W / Z (C of the last tile set to exactly 1), written to cdf[b, h, t]; lse[b, h] = m* + log Z (NaN when
+// grid (H, B), block 256 (SC_PREFIX_THREADS). From the tile stats of pass 1 it computes, in
+// float64: m* = max m_t, W_t = exp(m_t - m*) l_t, Z, and the inclusive prefix C_t = sum W / Z
+// (C of the last tile set to exactly 1), written to cdf[b, h, t]; lse[b, h] = m* + log Z (NaN when
 // a score was NaN: the warp pass 2 then writes NaN), and rows_read[b, h / G] = 0 from the first
 // head of each group (santa_tile_warp adds this call's rows). Sequences shorter than santa_from
 // (a santa plan's dense fallback) are left alone. For budget largest_remainder
 // it also writes the Hamilton allocation alloc[b, h, t] of S samples: floor(S w_t) plus one for
 // the S - sum(floor) tiles with the largest remainders (ties: lower t first).
 #include "common.cuh"
-#include "prefix.cuh"
 
 #define SC_PREFIX_THREADS 256
+
+__device__ __forceinline__ double block_reduce_max_d(double v, double* red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < SC_PREFIX_THREADS / 32; ++w) v = fmax(v, red[w]);
+    return v;
+}
+
+// Inclusive scan over the block (in thread order); returns this thread's prefix, *total the sum.
+__device__ __forceinline__ double block_scan_d(double v, double* red, double* total) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const double n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    __syncthreads();
+    if (lane == 31) red[warp] = v;
+    __syncthreads();
+    double before = 0.0, all = 0.0;
+    for (int w = 0; w < SC_PREFIX_THREADS / 32; ++w) {
+        if (w < warp) before += red[w];
+        all += red[w];
+    }
+    *total = all;
+    return v + before;
+}
 
 __global__ void __launch_bounds__(SC_PREFIX_THREADS)
 santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths, i64 L_max, int H, int BN,
@@ -19,6 +48,7 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
              float* __restrict__ lse, int* __restrict__ rows_read, int G, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    __shared__ double red[SC_PREFIX_THREADS / 32];
     const int h = blockIdx.x;
     const i64 b = blockIdx.y;
     const int n = seq_len(lengths, b, L_max);
@@ -28,10 +58,24 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
     const float4* st = part_s + (b * H + h) * T_max;
     double* C = cdf + (b * H + h) * T_max;
 
-    if (threadIdx.x < 32) {                      // warp 0: C_t of every tile, and lse
-        const float lse_h = warp_prefix(st, C, n_tiles, 0, n_tiles);
-        if (threadIdx.x == 0) lse[b * H + h] = lse_h;
+    double m_star = -1.0 / 0.0;
+    for (int t = threadIdx.x; t < n_tiles; t += SC_PREFIX_THREADS) m_star = fmax(m_star, (double)st[t].x);
+    m_star = block_reduce_max_d(m_star, red);
+
+    double carry = 0.0;                          // sum of W over the chunks already scanned
+    for (int base = 0; base < n_tiles; base += SC_PREFIX_THREADS) {
+        const int t = base + threadIdx.x;
+        const double w = t < n_tiles ? exp((double)st[t].x - m_star) * (double)st[t].y : 0.0;
+        double chunk_total;
+        const double incl = block_scan_d(w, red, &chunk_total);
+        if (t < n_tiles) C[t] = carry + incl;    // unnormalised for now
+        carry += chunk_total;
     }
+    __syncthreads();
+    const double Z = carry;
+    if (threadIdx.x == 0) lse[b * H + h] = (float)(m_star + log(Z));
+    for (int t = threadIdx.x; t < n_tiles; t += SC_PREFIX_THREADS)
+        C[t] = (t == n_tiles - 1) ? 1.0 : C[t] / Z;
     if (!budget_lr) return;
 
     __syncthreads();

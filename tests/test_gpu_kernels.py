@@ -211,7 +211,8 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
     ("fixed", "systematic", "float16", "warp_staged", 1), ("fixed", "systematic", "float16", "warp", 2),   # two-pass
     ("fixed", "systematic", "float16", "warp_mma", 2), ("global", "systematic", "float16", "warp_mma", 1),
     ("fixed", "systematic", "float32", "block", None),                                              # one fused pass
-    ("global", "systematic", "float16", "warp:one_launch", 2), ("fixed", "systematic", "bfloat16", "warp_mma:one_launch", 1)])
+    ("global", "systematic", "float16", "warp:one_launch", 2), ("fixed", "systematic", "bfloat16", "warp_mma:one_launch", 1),
+    ("fixed", "systematic", "bfloat16", "warp_mma", 1), ("fixed", "systematic", "float16", "warp:one_launch", 2)])
 def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, tpw):
     """Mean over 600 device steps within 4 standard errors of exact attention, per coordinate
     (tile_kernel "<kernel>:one_launch": that pass 2 in the one-launch pipeline)."""
@@ -423,9 +424,9 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel)
     (5, 128, "bfloat16", 64, "warp_mma", 1, 130_000)])
 def test_one_launch_matches_three_launches(budget, G, D, dtype, block_n, warp_kernel, KVH, L):
     """santa_one_launch (score, prefix, pass 2 in one resident grid meeting at a barrier per
-    (sequence, KV head)) against the three launches on the same inputs: the same lse bits and
-    rows read (both pipelines compute the prefix with warp_prefix), o up to the order of the
-    finish's float atomics; twice in a row (counters and accumulators back to 0), then a new step
+    (sequence, KV head)) against the three launches on the same inputs: lse to rounding, the same
+    rows read but for comb points within an ulp of a tile boundary (the two prefixes sum in
+    different orders), o up to the order of the finish's float atomics; twice in a row (counters and accumulators back to 0), then a new step
     draws new samples. Lengths 1, BN - 1, 9 BN + 7 and L: runs cut short, groups of different
     block counts, many tiles per warp at 130k."""
     import cupy
@@ -454,9 +455,10 @@ def test_one_launch_matches_three_launches(budget, G, D, dtype, block_n, warp_ke
         res[pipeline] = runs[0]
         cupy.cuda.Device().synchronize()
     (o3, r3, s3, l3), (o1, r1, s1, l1) = res["three_launch"], res["one_launch"]
-    np.testing.assert_array_equal(l1, l3)
-    np.testing.assert_array_equal(r1, r3)
-    assert rel_l2(o1, o3) < 1e-5
+    assert np.allclose(l1, l3, rtol=1e-6, atol=1e-6)   # the two prefixes sum in different orders
+    flips = int(np.abs(r1.astype(np.int64) - r3).sum())
+    assert flips <= max(2, int(r3.sum()) // 1000), f"{flips} rows read differ (comb points moved a tile)"
+    assert rel_l2(o1, o3) < (1e-5 if flips == 0 else 1e-2)
     assert np.allclose(s1, s3, rtol=1e-3, atol=1e-5)
 
 
