@@ -60,14 +60,11 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 # (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
 # at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
 # = staged and on tensor cores (tile_kernel="warp_mma"), or "always" = santa at every length (no
-# dense fallback below the plan's santa_min_length); "one" / "three" = santa at every length with
-# the warp pipeline in one launch (santa_one_launch) or three (score, prefix, pass 2)
+# dense fallback below the plan's santa_min_length)
 SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                         "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
                         "warpmma": {"tile_kernel": "warp_mma"},
-                        "always": {"santa_min_length": 0},
-                        "one": {"pipeline": "one_launch", "santa_min_length": 0},
-                        "three": {"pipeline": "three_launch", "santa_min_length": 0}}
+                        "always": {"santa_min_length": 0}}
 SANTA_VERSIONS = KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS)
 DEFAULT_METHODS = ("dense", "dense-stream", "santa-global-systematic-256",
                    "santa-global-systematic-256-always", "santa-global-systematic-256-block",
@@ -126,7 +123,7 @@ def parse_method(name: str) -> Method:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-mma|-block|-tpw1|-warp|-staged|-warpmma|-always|-one|-three], e.g. santa-global-systematic-256",
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-mma|-block|-tpw1|-warp|-staged|-warpmma|-always], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 

@@ -379,31 +379,35 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
 #define SC_GATHER_REGS 0
 #define SC_GATHER_STAGED 1
 #define SC_GATHER_MMA 2
-// The runs of one block of the warp pass 2 and, kFinish, the block's share of the finish (see
-// above). The caller has checked that this block owns tiles (blockIdx.x < blocks, the blocks of
-// the (b, KV head) that own tiles). lse_g: the group's G log-sum-exps (a non-finite one: that
-// head draws nothing and its o is NaN); barrier: a counter the last block resets with the
-// arrival counter (santa_one_launch's), or nullptr.
 template <typename T, int D, int BN, int G, int kGather, bool kFinish>
-__device__ __forceinline__ void tile_warp_runs(const T* __restrict__ v_cache, int n, int H, int KVH, i64 L_max,
-                                               int T_max, int tiles_per_warp, int budget, int samples, u64 seed,
-                                               const i64* __restrict__ step, int layer,
-                                               const float* __restrict__ scores, const double* __restrict__ cdf,
-                                               const int* __restrict__ alloc, float4* __restrict__ part_s,
-                                               float* __restrict__ part_o, float* __restrict__ acc,
-                                               unsigned* __restrict__ arrive, unsigned* barrier,
-                                               int* __restrict__ rows_read, T* __restrict__ out, const float* lse_g,
-                                               float* __restrict__ spread, unsigned blocks) {
+__global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
+santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
+                int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
+                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
+                float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
+                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
     constexpr int E = D / 32;                // elements of a V row per lane
     constexpr int kWarps = SC_NTHREADS / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = blockIdx.y;
     const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    if (n < santa_from) return;                                // decode_dense_mma's sequence
     const int n_tiles = (n + BN - 1) / BN;
     const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
     const int t_end = min(t0 + tiles_per_warp, n_tiles);
     const i64 head0 = b * H + (i64)g * G;
+    if (n_tiles == 0 && t0 == 0) {                             // an empty sequence: o = 0, lse = -inf
+        write_empty_heads<T, D>(out, lse, spread, head0, G);
+        if (lane == 0) rows_read[b * KVH + g] = 0;
+    }
+    // blocks with work: those whose first warp owns a tile (an empty sequence has none)
+    const unsigned blocks = (unsigned)((n_tiles + kWarps * tiles_per_warp - 1) / (kWarps * tiles_per_warp));
+    if (blockIdx.x >= blocks) return;                          // whole block
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
@@ -444,7 +448,7 @@ __device__ __forceinline__ void tile_warp_runs(const T* __restrict__ v_cache, in
     // A head whose log-sum-exp is not finite (NaN or inf in its scores) draws no points and its
     // output is NaN (finish_head).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
-    const bool head_ok = lane < G ? isfinite(lse_g[lane]) : true;
+    const bool head_ok = lane < G ? isfinite(lse[head0 + lane]) : true;
     auto cdf_at = [&](int t) { return cdf[head_row + t]; };
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
     double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
@@ -607,38 +611,8 @@ __device__ __forceinline__ void tile_warp_runs(const T* __restrict__ v_cache, in
     }
     // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
     if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
-    if (barrier != nullptr && threadIdx.x == 0) atomicExch(barrier, 0u);   // every block is past it
     for (int h = warp; h < G; h += kWarps)
         finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)gridDim.z * H * D + head0 + h, copy_stride,
-                          fixed ? 0.f : 1.f / (float)samples, isfinite(lse_g[h]), out + (head0 + h) * D,
+                          fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,
                           spread + head0 + h);
-}
-
-template <typename T, int D, int BN, int G, int kGather, bool kFinish>
-__global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
-santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
-                int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
-                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
-                float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
-                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
-    constexpr int kWarps = SC_NTHREADS / 32;
-    const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const int n = seq_len(lengths, b, L_max);
-    if (n < santa_from) return;                                // decode_dense_mma's sequence
-    const int n_tiles = (n + BN - 1) / BN;
-    const i64 head0 = b * H + (i64)g * G;
-    if (n_tiles == 0 && blockIdx.x == 0 && threadIdx.x < 32) { // an empty sequence: o = 0, lse = -inf
-        write_empty_heads<T, D>(out, lse, spread, head0, G);
-        if (threadIdx.x == 0) rows_read[b * KVH + g] = 0;
-    }
-    // blocks with work: those whose first warp owns a tile (an empty sequence has none)
-    const unsigned blocks = (unsigned)((n_tiles + kWarps * tiles_per_warp - 1) / (kWarps * tiles_per_warp));
-    if (blockIdx.x >= blocks) return;                          // whole block
-    tile_warp_runs<T, D, BN, G, kGather, kFinish>(v_cache, n, H, KVH, L_max, T_max, tiles_per_warp, budget, samples,
-                                                  seed, step, layer, scores, cdf, alloc, part_s, part_o, acc, arrive,
-                                                  nullptr, rows_read, out, lse + head0, spread, blocks);
 }

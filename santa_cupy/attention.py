@@ -136,7 +136,7 @@ class DecodePlan:
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
                  dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None,
-                 dense_splits=None, santa_min_length="auto", pipeline="auto", _dense_rows=None):
+                 dense_splits=None, santa_min_length="auto", _dense_rows=None):
         cupy = _import_cupy()
 
         spec.check_choice("method", method, spec.METHODS)
@@ -230,14 +230,6 @@ class DecodePlan:
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
-        # How the warp pipeline launches (kernels.PIPELINES): "one_launch" runs score, prefix and
-        # pass 2 as one resident grid (santa_one_launch) where it applies and fits; "auto" keeps
-        # the three launches until the one-launch grid has been measured faster.
-        spec.check_choice("pipeline", pipeline, kernels.PIPELINES)
-        self.pipeline = "three_launch" if self._warp else "none"
-        if pipeline == "one_launch":
-            self.one_tpw = self._one_launch_tiles_per_warp(budget, tiles_per_warp)
-            self.pipeline = "one_launch"
         self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
         # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
         self.merge_stride = self.tile_tpw if self._warp else 1
@@ -254,7 +246,6 @@ class DecodePlan:
         # arrival counters go back to 0. No call fills anything (santa_prefix zeroes rows_read).
         if self._warp:
             self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
-            self.barrier = cupy.zeros((batch * kv_heads,), cupy.uint32)   # santa_one_launch's, 0 between calls
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         self.lse = cupy.empty((B, H), cupy.float32)
@@ -294,28 +285,6 @@ class DecodePlan:
                              f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "
                              f"got tile_kernel={self.tile_kernel!r}")
         return int(santa_min_length)
-
-    def _one_launch_tiles_per_warp(self, budget, forced):
-        """Tiles per warp of santa_one_launch at this plan's grid, or a ValueError where it does
-        not apply (kernels.one_launch_applies) or its grid cannot be resident at once."""
-        import cupy
-
-        groups = self.B * self.KVH
-        if not kernels.one_launch_applies(budget, groups, self._warp):
-            raise ValueError(f"pipeline='one_launch' needs the warp pipeline (systematic sampler, heads // kv_heads "
-                             f"<= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), budget 'global' or "
-                             f"'fixed' and batch * kv_heads <= {kernels.FINISH_MAX_GROUPS}, got tile_kernel="
-                             f"{self.tile_kernel!r}, budget={budget!r}, batch * kv_heads = {groups}")
-        self._one_kernel = getattr(self.kernels, self.tile_kernel.replace("warp", "one_launch"))
-        attrs = cupy.cuda.Device().attributes
-        slots = kernels.resident_blocks_exact(self._one_kernel, kernels.THREADS, self._warp_smem, attrs) \
-            * attrs["MultiProcessorCount"]
-        tpw = kernels.one_launch_tiles_per_warp(self.T_max, groups, slots)
-        if forced is not None:
-            tpw = max(tpw, forced) if tpw is not None else None
-        if tpw is None:
-            raise ValueError(f"pipeline='one_launch': {groups} groups do not fit the device's {slots} resident blocks")
-        return tpw
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
@@ -375,9 +344,6 @@ class DecodePlan:
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out)
                 if self.santa_from > self.L_max:
                     return out
-            if self.pipeline == "one_launch":
-                self._one_launch(q, k_cache, v_cache, lengths, layer, out)
-                return out
             self._score_and_prefix(q, k_cache, lengths, santa_from=self.santa_from)
             self._tile_warp(v_cache, lengths, layer, out)
             if not self.finish_in_kernel:
@@ -409,10 +375,6 @@ class DecodePlan:
                     q, k_cache, v_cache, lengths, self.out)
                 if self.santa_from > self.L_max:
                     return stages
-            if self.pipeline == "one_launch":
-                stages["score + prefix + sample + gather + finish (one launch)"] = lambda: self._one_launch(
-                    q, k_cache, v_cache, lengths, layer, self.out)
-                return stages
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, santa_from=self.santa_from)
             if self.finish_in_kernel:
                 stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
@@ -505,16 +467,6 @@ class DecodePlan:
                         self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from)), self._warp_smem)
-
-    def _one_launch(self, q, k_cache, v_cache, lengths, layer, out):
-        """santa_one_launch: score, prefix, sample, gather and finish in one resident grid."""
-        i32, i64, u64, f32 = kernels.i32, kernels.i64, kernels.u64, kernels.f32
-        kernels.launch(self._one_kernel, (self._warp_blocks(self.one_tpw), self.KVH, self.B),
-                       (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
-                        i32(self.T_max), i32(self.one_tpw), i32(kernels.BUDGET_CODE[self.budget]),
-                        i32(self.samples), u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
-                        self.part_s, self.part_o, self.acc, self.arrive, self.barrier, self.rows_read, out,
-                        self.lse, self.spread, i32(self.santa_from)), self._warp_smem)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32

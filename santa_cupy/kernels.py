@@ -28,8 +28,8 @@ from santa_cupy import spec
 SOURCE_FILES = (
     "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "merge.cuh",
     "santa_sample.cuh",
-    "santa_gather.cuh", "prefix.cuh",
-    "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "santa_one_launch.cu", "merge.cu",
+    "santa_gather.cuh",
+    "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -100,8 +100,6 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp; kFinish
             names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, false>"
             names[name + "_finish"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, true>"
-            # the whole warp pipeline in one launch (santa_one_launch.cu), with the same gather
-            names[name.replace("tile_warp", "one_launch")] = f"santa_one_launch<{t}, {d}, {bn}, {g}, {gather}>"
     return names
 
 
@@ -222,32 +220,6 @@ def tile_warp_smem_bytes(block_n, group, head_dim, staged=False) -> int:
     return (THREADS // 32) * per_warp
 
 
-# DecodePlan(pipeline=...): how the warp pipeline of the global and fixed budgets is launched.
-# "three_launch": santa_score_mma -> santa_prefix -> santa_tile_warp (+ santa_merge above
-# FINISH_MAX_GROUPS groups); "one_launch": santa_one_launch, all three stages in one grid that is
-# resident at once, the stages meeting at a barrier per (sequence, KV head) (up to
-# FINISH_MAX_GROUPS groups; not the largest remainder budget).
-PIPELINES = ("auto", "three_launch", "one_launch")
-
-
-def one_launch_applies(budget, groups, warp) -> bool:
-    """Whether santa_one_launch can run a plan: the warp pipeline (warp), budget global or fixed,
-    at most FINISH_MAX_GROUPS (sequence, KV head) groups (it finishes o in the kernel)."""
-    return warp and budget in ("global", "fixed") and groups <= FINISH_MAX_GROUPS
-
-
-def one_launch_tiles_per_warp(tiles: int, groups: int, slots: int) -> int | None:
-    """Tiles per warp for santa_one_launch: tiles_per_warp's choice, lengthened until the grid
-    (groups x ceil(ceil(tiles / c) / 4) blocks) fits the ``slots`` resident blocks at once (its
-    barrier waits for every block of a group); None where even one block per group does not fit."""
-    if groups > slots:
-        return None
-    c = tiles_per_warp(tiles, groups, slots)
-    while groups * -(-(-(-tiles // c)) // 4) > slots:
-        c += 1
-    return c
-
-
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
     rg = row_groups(head_dim)
     n = 4 * (2 * group * block_n + rg * group * head_dim + rg * group + block_n + 4 + 2 * group)
@@ -271,9 +243,6 @@ class KernelSet:
     tile_warp_finish: object = None
     tile_warp_staged_finish: object = None
     tile_warp_mma_finish: object = None
-    one_launch: object = None
-    one_launch_staged: object = None
-    one_launch_mma: object = None
     prefix: object = None
 
 
@@ -415,22 +384,6 @@ def resident_blocks(kernel, threads: int = THREADS, shared_mem: int = 0, device_
     by_smem = attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024) // smem
     by_threads = attrs.get("MaxThreadsPerMultiProcessor", 2048) // threads
     return max(1, min(by_regs, by_smem, by_threads, 32))
-
-
-def resident_blocks_exact(kernel, threads: int, shared_mem: int, device_attributes=None) -> int:
-    """Blocks of ``kernel`` one SM holds at once, from the driver's occupancy calculator (what a
-    grid that waits for all of its blocks must not exceed); resident_blocks' arithmetic, capped at
-    it, where the driver's answer is not available."""
-    estimate = resident_blocks(kernel, threads, shared_mem, device_attributes)
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
-        kernel.max_dynamic_shared_size_bytes = shared_mem
-    try:
-        from cupy_backends.cuda.api import driver
-
-        function = getattr(kernel, "kernel", kernel)
-        return max(0, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, shared_mem)))
-    except (ImportError, AttributeError, RuntimeError):
-        return estimate
 
 
 def wave_fitted_parts(groups: int, max_parts: int, slots: int, tolerance: float = 0.95) -> int:

@@ -27,9 +27,6 @@ ROUTES = [
     dict(method="santa", budget="global", sampler="iid"),
     dict(method="santa", budget="fixed", tile_kernel="block"),
     dict(method="santa", budget="global", santa_min_length=500),     # short sequences run dense
-    dict(method="santa", budget="global", pipeline="one_launch"),
-    dict(method="santa", budget="fixed", tile_kernel="warp", pipeline="one_launch"),
-    dict(method="santa", budget="global", santa_min_length=500, pipeline="one_launch"),
 ]
 
 
