@@ -119,7 +119,7 @@ def parse_method(name: str) -> Method:
         return Method("torch", backend=parts[1])
     if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS):
         budget, sampler, s = parts[1:4]
-        if budget in BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
+        if budget in BUDGETS + ("one_pass",) and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
@@ -193,7 +193,8 @@ def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int
     dense / external: K + V of all B*L rows, plus q read and o written.
     santa: K in full + rows_read (distinct V rows, summed over b and KV heads) * D * itemsize + q + o,
     plus, for the two-pass budgets (global, largest_remainder), the fp32 score stash written and
-    read back: B*H*L*4*2. Tile partials and per-tile stats are not counted."""
+    read back: B*H*L*4*2 (not for fixed and one_pass). Tile partials and per-tile stats are not
+    counted. one_pass: the plan's default hint, its previous call's lse."""
     isz, D, H, KVH = ITEMSIZE[shape.dtype], shape.head_dim, shape.heads, shape.kv_heads
     qo = 2 * B * H * D * isz
     if method.kind != "santa":
@@ -201,7 +202,7 @@ def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int
     if rows_read is None:
         raise ValueError("santa bytes need rows_read (distinct V rows read, summed over b and KV heads)")
     k = B * L * KVH * D * isz
-    stash = 0 if method.budget == "fixed" else B * H * L * 4 * 2
+    stash = 0 if method.budget in ("fixed", "one_pass") else B * H * L * 4 * 2   # one_pass: no stash
     return k + int(rows_read) * D * isz + qo + stash
 
 

@@ -39,6 +39,8 @@ class AttentionInfo:
     counts [B, H, L_max] int32 sample counts (NumPy path, or GPU with ``return_counts``); else None.
     dense_fallback [B] bool: the sequences that ran the exact kernel (method dense: all; santa: those
     shorter than the plan's santa_min_length).
+    samples_drawn [B, H] int32: rows each head took (budget one_pass: a random number, about
+    samples * exp(lse - lse_hint)); ``samples`` for the other budgets; None for dense.
     """
 
     lse: Any
@@ -46,11 +48,12 @@ class AttentionInfo:
     spread: Any
     counts: Any = None
     dense_fallback: Any = None
+    samples_drawn: Any = None
 
 
 def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
-                     return_info=False, return_counts=False, santa_min_length="auto"):
+                     return_info=False, return_counts=False, santa_min_length="auto", lse_hint=None):
     """One decode step of attention for every sequence and head.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
@@ -62,6 +65,10 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     faster ("auto": the crossover of DecodePlan; 0: santa for every sequence); the NumPy
     reference always runs the estimator it was asked for. NaN/inf in q is a ValueError; NaN or
     +inf among a head's scores (NaN/inf in K within the length) makes that head's output NaN.
+    ``budget="one_pass"`` (santa_cupy/one_pass.py: rows taken with probability
+    min(1, S exp(s - r)), one pass over the cache) needs ``lse_hint`` r [B, H] float32, an array of
+    q's library: a guess of each head's log-sum-exp (any deterministic one keeps o unbiased; it
+    sets the rows read, about S exp(lse - r)); ``info.samples_drawn`` says how many.
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     if block_n is None:                  # 0 or False is a bad value, not "the default"
@@ -73,18 +80,37 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     _check_int("layer", layer, 0, 2**31 - 1)          # the kernels take it as a C int
     if not (isinstance(santa_min_length, str) and santa_min_length == "auto"):   # the NumPy path too
         _check_int("santa_min_length", santa_min_length, 0, _INT32_MAX, what="'auto' or an integer")
+    one_pass = method == "santa" and budget == spec.ONE_PASS
+    if one_pass:
+        if lse_hint is None:
+            raise ValueError(f"budget {spec.ONE_PASS!r} needs lse_hint, a [B, H] = {(shape.B, shape.H)} float32 guess "
+                             "of each head's log-sum-exp (e.g. info.lse of the previous step)")
+        hint = interop.as_array(lse_hint, "lse_hint")
+        if spec.is_cupy_array(hint) != spec.is_cupy_array(q) or getattr(hint, "shape", None) != (shape.B, shape.H):
+            raise ValueError(f"lse_hint must be a [B, H] = {(shape.B, shape.H)} array of q's library, got "
+                             f"{spec.describe(hint)}")
+    elif lse_hint is not None:
+        raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, got budget {budget!r}")
     if not spec.is_cupy_array(q):
+        if one_pass:
+            return _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
+                                            block_n, return_info)
         return _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
                                seed, step, layer, block_n, return_info)
     plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
                       max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
                       sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
                       step=step, santa_min_length=santa_min_length)
-    o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False)
+    if one_pass:
+        import cupy
+        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False,
+                     lse_hint=cupy.ascontiguousarray(hint, dtype=cupy.float32))
+    else:
+        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False)
     if not (return_info or return_counts):
         return o
     info = plan.info()
-    if return_counts and method == "santa":
+    if return_counts and method == "santa" and not one_pass:
         info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer)
     return o, info
 
@@ -114,6 +140,23 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
     return (o, info) if return_info else o
 
 
+def _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer, block_n,
+                             return_info):
+    from santa_cupy import one_pass
+
+    o, op = one_pass.one_pass_attention(q, k_cache, v_cache, lengths, samples=samples,
+                                        lse_hint=np.asarray(hint, np.float64), seed=seed, step=step, layer=layer,
+                                        scale=shape.scale, block_n=block_n)
+    out_dtype = shape.dtype_name
+    o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
+    if not return_info:
+        return o
+    info = AttentionInfo(lse=op.lse.astype(np.float32), rows_read=op.rows_read.astype(np.int32),
+                         spread=np.zeros((shape.B, shape.H), np.float32), dense_fallback=np.zeros(shape.B, bool),
+                         samples_drawn=op.selected.sum(-1).astype(np.int32))
+    return o, info
+
+
 def _import_cupy():
     try:
         import cupy
@@ -141,7 +184,7 @@ class DecodePlan:
 
         spec.check_choice("method", method, spec.METHODS)
         spec.check_choice("sampler", sampler, spec.SAMPLERS)
-        spec.check_choice("budget", budget, spec.BUDGETS)
+        spec.check_choice("budget", budget, spec.DECODE_BUDGETS)
         spec.check_samples(samples)
         if heads % kv_heads or not 1 <= heads // kv_heads <= spec.MAX_G:
             raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "
@@ -170,8 +213,18 @@ class DecodePlan:
         spec.check_block_n(self.block_n)
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
         kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
-        self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget, kv_bytes,
-                                                       self.score_kernel == "mma")
+        # the one-pass budget: its own kernel (santa_one_pass) and santa_merge
+        self.one_pass = method == "santa" and budget == spec.ONE_PASS
+        if self.one_pass:
+            if not kernels.one_pass_supported(sampler, heads // kv_heads, dtype, head_dim):
+                raise ValueError(f"budget {spec.ONE_PASS!r} on the GPU needs sampler='systematic', heads // kv_heads "
+                                 f"<= {kernels.WARP_TILE_MAX_G}, dtype in {kernels.MMA_DTYPES} and head_dim in "
+                                 f"{kernels.MMA_HEAD_DIMS}, got sampler={sampler!r}, group={heads // kv_heads}, "
+                                 f"dtype={dtype!r}, head_dim={head_dim}")
+            self.tile_kernel = "one_pass"
+        else:
+            self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget,
+                                                           kv_bytes, self.score_kernel == "mma")
         self.dtype, self.method, self.samples = dtype, method, int(samples)
         self.sampler, self.budget, self.seed = sampler, budget, int(seed)
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -198,7 +251,7 @@ class DecodePlan:
         # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
         # budget on the block kernel, which scores its tiles itself
         self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged", "warp_mma")
-        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp)
+        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp) and not self.one_pass
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
         # score pass (static shared memory only) and the warp pass 2 (its gather)
         staged = self.tile_kernel in ("warp_staged", "warp_mma")
@@ -213,7 +266,9 @@ class DecodePlan:
         self._warp_kernel = self._warp_kernels[self.finish_in_kernel] if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged)
         # how santa_merge combines the fused run's partials
-        if budget != "fixed":
+        if self.one_pass:                    # run partials relative to their max, like dense splits
+            self._merge_kind = kernels.MERGE_DENSE
+        elif budget != "fixed":
             self._merge_kind = kernels.MERGE_SUM
         else:
             self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
@@ -230,6 +285,9 @@ class DecodePlan:
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
+            if self.one_pass:
+                self._one_pass_smem = kernels.one_pass_smem_bytes(self.block_n, self.G, head_dim)
+                self.one_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.one_pass, self._one_pass_smem)
         self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
         # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
         self.merge_stride = self.tile_tpw if self._warp else 1
@@ -248,7 +306,10 @@ class DecodePlan:
             self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
-        self.lse = cupy.empty((B, H), cupy.float32)
+        # one_pass: the default lse_hint is the plan's previous lse (NaN before the first call: every
+        # row taken, the exact output); drawn [B, H]: rows each head took
+        self.lse = cupy.full((B, H), np.nan, cupy.float32) if self.one_pass else cupy.empty((B, H), cupy.float32)
+        self.drawn = cupy.zeros((B, H), cupy.int32) if self.one_pass else None
         self.spread = cupy.empty((B, H), cupy.float32)
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
@@ -316,11 +377,15 @@ class DecodePlan:
         return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self._dense_rows // 256)), slots)
 
     # ---- launches ---------------------------------------------------------------------------
-    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True):
+    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None):
         """o [B, H, D] for this step (written into ``out`` or the plan's own buffer).
 
         A sequence of length 0 gets o = 0, lse = -inf, spread = 0, rows_read = 0 on every route; NaN
-        or inf in q or K makes that sequence's heads (of the KV group) NaN."""
+        or inf in q or K makes that sequence's heads (of the KV group) NaN.
+        lse_hint (budget "one_pass" only): the normaliser guess r [B, H] float32 (a CuPy array), any
+        deterministic function of the inputs (e.g. this layer's lse at the previous step,
+        ``info().lse``); None: the plan's own lse of its previous call (NaN before the first: the
+        exact output). About ``samples * exp(lse - r)`` rows are read per head."""
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         if validate:
             shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
@@ -339,6 +404,12 @@ class DecodePlan:
             if not self.dense_merges_itself:
                 self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
+        if self.one_pass:
+            self._one_pass(q, k_cache, v_cache, lengths, layer, self._lse_hint(lse_hint))
+            self._merge(lengths, out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
+            return out
+        if lse_hint is not None:
+            raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
         if self._warp:                       # score, prefix, then sample + gather + finish
             if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out)
@@ -369,6 +440,11 @@ class DecodePlan:
             return {f"dense split-KV ({self.dense_kernel})": split,
                     "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows)}
         stages = {}
+        if self.one_pass:
+            stages["one pass (score + sample + gather)"] = lambda: self._one_pass(q, k_cache, v_cache, lengths, layer,
+                                                                                self.lse)
+            stages["merge"] = lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
+            return stages
         if self._warp:
             if self._dense_plan is not None:
                 stages["dense (sequences shorter than santa_from)"] = lambda: self._dense_plan._dense(
@@ -400,6 +476,10 @@ class DecodePlan:
                              f"{self.out.dtype}, got {spec.describe(out)}")
         return out
 
+    def _no_counts_for_one_pass(self, what):
+        if self.one_pass:
+            raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
+
     def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None):
         """The gather-add and merge stages alone: o from given sample counts [B, H, L_max] int32.
 
@@ -408,6 +488,7 @@ class DecodePlan:
         """
         import cupy
 
+        self._no_counts_for_one_pass("run_from_counts")
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         if not isinstance(counts, cupy.ndarray) or counts.dtype != cupy.int32 or \
                 counts.shape != (self.B, self.H, self.L_max) or not counts.flags.c_contiguous:
@@ -468,6 +549,29 @@ class DecodePlan:
                         self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from)), self._warp_smem)
 
+    def _lse_hint(self, lse_hint):
+        import cupy
+
+        if lse_hint is None:
+            return self.lse
+        if not isinstance(lse_hint, cupy.ndarray) or lse_hint.dtype != cupy.float32 or \
+                lse_hint.shape != (self.B, self.H) or not lse_hint.flags.c_contiguous:
+            raise ValueError(f"lse_hint must be a C-contiguous cupy float32 array of shape {(self.B, self.H)}, "
+                             f"got {spec.describe(lse_hint)}")
+        return lse_hint
+
+    def _one_pass(self, q, k_cache, v_cache, lengths, layer, hint):
+        """santa_one_pass: score, take rows by the hint's inclusion probabilities, gather; one
+        partial per run of one_tpw tiles (santa_merge follows)."""
+        i32, i64, u64, f32 = kernels.i32, kernels.i64, kernels.u64, kernels.f32
+        self.rows_read.fill(0)
+        self.drawn.fill(0)
+        kernels.launch(self.kernels.one_pass, (self._warp_blocks(self.one_tpw), self.KVH, self.B),
+                       (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
+                        i32(self.T_max), i32(self.one_tpw), i32(self.samples), u64(self.seed), self.step, i32(layer),
+                        hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read, self.drawn),
+                       self._one_pass_smem)
+
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
@@ -513,8 +617,10 @@ class DecodePlan:
             rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
             return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
                                  dense_fallback=cupy.ones((self.B,), bool))
+        import cupy
+        drawn = self.drawn if self.one_pass else cupy.full((self.B, self.H), self.samples, cupy.int32)
         return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
-                             dense_fallback=self._last_lengths < self.santa_from)
+                             dense_fallback=self._last_lengths < self.santa_from, samples_drawn=drawn)
 
     def sample_counts(self, q, k_cache, lengths, *, layer=0):
         """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).
@@ -523,6 +629,7 @@ class DecodePlan:
         """
         import cupy
 
+        self._no_counts_for_one_pass("sample_counts")
         q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths)
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)

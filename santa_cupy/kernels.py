@@ -29,7 +29,9 @@ SOURCE_FILES = (
     "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "merge.cuh",
     "santa_sample.cuh",
     "santa_gather.cuh",
-    "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu", "merge.cu",
+    "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu",
+    "santa_one_pass.cu",     # after santa_tile.cu (load_slice)
+    "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -96,6 +98,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
                  prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
+    if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # the one-pass budget's kernel
+        names["one_pass"] = f"santa_one_pass<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # it follows the mma score pass
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp; kFinish
             names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, false>"
@@ -220,6 +224,16 @@ def tile_warp_smem_bytes(block_n, group, head_dim, staged=False) -> int:
     return (THREADS // 32) * per_warp
 
 
+def one_pass_supported(sampler, group, dtype_name, head_dim) -> bool:
+    """santa_one_pass (the one-pass budget on the GPU): systematic, G <= 8, fp16/bf16 at D 64/128."""
+    return sampler == "systematic" and group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim)
+
+
+def one_pass_smem_bytes(block_n, group, head_dim) -> int:
+    """santa_one_pass: per warp sc [G][BN] f32 | rows [BN] i32 | sums [G][D] f32."""
+    return (THREADS // 32) * 4 * (group * block_n + block_n + group * head_dim)
+
+
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
     rg = row_groups(head_dim)
     n = 4 * (2 * group * block_n + rg * group * head_dim + rg * group + block_n + 4 + 2 * group)
@@ -243,6 +257,7 @@ class KernelSet:
     tile_warp_finish: object = None
     tile_warp_staged_finish: object = None
     tile_warp_mma_finish: object = None
+    one_pass: object = None
     prefix: object = None
 
 

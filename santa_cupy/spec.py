@@ -27,6 +27,11 @@ def default_block_n(method, head_dim) -> int:
 METHODS = ("dense", "santa")
 SAMPLERS = ("iid", "stratified", "systematic")
 BUDGETS = ("fixed", "global", "largest_remainder")
+# The one-pass budget (santa_cupy/one_pass.py): Horvitz-Thompson rows from a normaliser guess
+# (lse_hint), systematic inside each tile; a budget of decode_attention and DecodePlan, kept out of
+# BUDGETS (the grids of the two-pass budgets that tests, eval and bench sweep).
+ONE_PASS = "one_pass"
+DECODE_BUDGETS = BUDGETS + (ONE_PASS,)
 # Local comb arithmetic is float32: keep sample counts exact integers in float32 (2**24) with margin.
 # The within-tile comb runs in float32 (a * cum - off, as the kernels do): its points are exact to
 # about n * 2^-24 of a point for n points in a tile. Up to 2^16 samples the counts of a tile holding
@@ -258,7 +263,10 @@ def validate_decode_inputs(
     """
     check_choice("method", method, METHODS)
     check_choice("sampler", sampler, SAMPLERS)
-    check_choice("budget", budget, BUDGETS)
+    check_choice("budget", budget, DECODE_BUDGETS)
+    if budget == ONE_PASS and method == "santa" and sampler != "systematic":
+        raise ValueError(f"budget {ONE_PASS!r} draws systematically inside each tile: sampler must be "
+                         f"'systematic', got {sampler!r}")
     check_samples(samples)
     check_block_n(block_n)
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "lengths": lengths}

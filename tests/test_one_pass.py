@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from santa_cupy import one_pass, reference, spec
+from santa_cupy import decode_attention, one_pass, reference, spec
+from tests.gpu_util import random_inputs
 
 
 def _inputs(rng, B=2, H=6, KVH=2, D=16, L=300, lengths=(300, 131), peak=2.0, dtype="float32"):
@@ -102,3 +103,22 @@ def test_rows_expected_reproducible_and_validated():
         one_pass.one_pass_attention(q, k, v, lens, lse_hint=np.full((2, 6), np.nan))
     with pytest.raises(ValueError, match="samples"):
         one_pass.one_pass_attention(q, k, v, lens, samples=0)
+
+
+def test_one_pass_numpy_path_and_validation():
+    rng = np.random.default_rng(0)
+    q, k, v, lens = random_inputs(rng, 2, 4, 2, 64, 300, [300, 77], "bfloat16")
+    s = reference.head_scores(q, k, lens); m = s.max(-1); lse = m + np.log(np.exp(s - m[..., None]).sum(-1))
+    hint = lse.astype(np.float32)
+    o, info = decode_attention(q, k, v, lens, budget="one_pass", samples=32, lse_hint=hint, seed=1, return_info=True)
+    want, op = one_pass.one_pass_attention(q, k, v, lens, samples=32, lse_hint=hint.astype(np.float64), seed=1)
+    assert np.array_equal(o, spec.from_float32(want.astype(np.float32), "bfloat16", np))
+    assert np.array_equal(info.samples_drawn, op.selected.sum(-1)) and info.counts is None
+    with pytest.raises(ValueError, match="needs lse_hint"):
+        decode_attention(q, k, v, lens, budget="one_pass")
+    with pytest.raises(ValueError, match="lse_hint must be"):
+        decode_attention(q, k, v, lens, budget="one_pass", lse_hint=hint[:1])
+    with pytest.raises(ValueError, match="lse_hint is for"):
+        decode_attention(q, k, v, lens, budget="global", lse_hint=hint)
+    with pytest.raises(ValueError, match="systematic"):
+        decode_attention(q, k, v, lens, budget="one_pass", sampler="iid", lse_hint=hint)

@@ -471,3 +471,41 @@ def test_many_groups_merge_after_the_warp_pass(launches):
     assert plan.kernels.tile_warp_mma_finish is not plan.kernels.tile_warp_mma
     assert int(by_name["santa_merge"][params["santa_merge"].index("o_stride")]) == 3
     assert int(by_name["santa_merge"][params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
+
+
+def test_one_pass_launches(launches):
+    """budget="one_pass": santa_one_pass (its signature's arguments; the plan's lse as the default
+    hint, a given one otherwise) then santa_merge over runs of one_tpw tiles, kind dense."""
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass")
+    assert np.isnan(plan.lse).all()                               # the first call takes every row
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["santa_one_pass", "santa_merge"]
+    sigs = _kernel_signatures()
+    for name, grid, block, args, smem in launches:
+        assert len(args) == len(sigs[name])
+        for arg, (param, scalar) in zip(args, sigs[name]):
+            assert (isinstance(arg, np.ndarray) if scalar is None else type(arg) is scalar), (name, param)
+    params = [p for p, _ in sigs["santa_one_pass"]]
+    args = launches[0][3]
+    assert args[params.index("lse_hint")] is plan.lse and int(args[params.index("tiles_per_warp")]) == plan.one_tpw
+    assert launches[0][4] == kernels.one_pass_smem_bytes(plan.block_n, 4, 128)
+    merge = [p for p, _ in sigs["santa_merge"]]
+    margs = launches[1][3]
+    assert int(margs[merge.index("kind")]) == kernels.MERGE_DENSE
+    assert int(margs[merge.index("part_rows")]) == plan.one_tpw * plan.block_n
+    hint = np.zeros((2, 8), np.float32).view(FakeArray)
+    launches.clear()
+    plan.run(q, k, v, lengths, lse_hint=hint)
+    assert launches[0][3][params.index("lse_hint")] is hint
+    with pytest.raises(ValueError, match="lse_hint"):
+        plan.run(q, k, v, lengths, lse_hint=np.zeros((2, 7), np.float32).view(FakeArray))
+    with pytest.raises(ValueError, match="one_pass"):
+        plan.sample_counts(q, k, lengths)
+    with pytest.raises(ValueError, match="systematic"):
+        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", sampler="iid")
+    other = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    with pytest.raises(ValueError, match="lse_hint is for"):
+        other.run(q, k, v, lengths, lse_hint=hint)

@@ -42,6 +42,12 @@ for budget in spec.BUDGETS:
                    budget=budget, block_n=64, score_kernel="stream").run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                    budget=budget, block_n=64, tile_kernel="block").run(q, k, v, lengths)
+# the one-pass budget: its first call (NaN hint: every row), a hint, runs of 1 and 3 tiles
+for runs in (1, 3):
+    p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget="one_pass",
+                   block_n=64, tiles_per_warp=runs)
+    p.run(q, k, v, lengths)
+    p.run(q, k, v, lengths)
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
 from santa_cupy import decoder_ops  # noqa: E402
 x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))
