@@ -49,7 +49,9 @@ def test_one_pass_matches_reference(G, D, dtype, block_n, delta):
     assert np.abs(info.rows_read.get() - op.rows_read).sum() <= max(2, total // 200)
     assert np.allclose(info.lse.get(), op.lse, rtol=1e-4, atol=1e-4)          # the merge's exact lse
     err = rel_l2(_as_float(o), want)
-    assert err < (DENSE_TOL[dtype] + 2e-3 if flips == 0 else 5e-2), f"rel. error {err:.2e} with {flips} flips"
+    # equal counts per head may still hide a point that moved to a neighbouring row (the float32
+    # running sum), so even then the tolerance is a few rows' worth above the output's rounding
+    assert err < (DENSE_TOL[dtype] + 5e-3 if flips == 0 else 5e-2), f"rel. error {err:.2e} with {flips} flips"
 
 
 def test_one_pass_nan_hint_is_exact_and_the_default_hint_follows_the_plan():
