@@ -17,12 +17,37 @@
 // santa_merge combines (kind dense, part_rows = tpw BN). rows_read[b, g] (distinct rows over the
 // group's heads) and drawn[b, h] (rows each head took) are added to, zero on entry.
 // Shared memory (kernels.one_pass_smem_bytes): per warp sc [G][BN] f32 (scores, then coefficients)
-// | rows [BN] i32 | sums [G][D] f32.
+// | rows [BN] i32 | sums [G][D] f32 | coefficients of the staged rows [G][kStage] f32; then per warp
+// the staged V rows [kStage][D] (SC_GATHER_STAGE_BYTES): a tile's first kStage selected rows are
+// copied there by cp.async and added after the next tile is scored.
 #include "common.cuh"
 #include "tile.cuh"
 #include "mma.cuh"
+#include "async_copy.cuh"
+#include "gather_mma.cuh"
 
 #define SC_ONE_PASS_DRAW 0xFFFFFFFDull
+
+// Wait for this lane's cp.async copies of the n staged rows and add them: sums[h] += coef[h][r] V_r
+// (the lane's own D/32 slice of each row, so its own wait is all the synchronisation needed).
+template <typename T, int D, int G, int kStage>
+__device__ __forceinline__ void add_staged(float* sums, const float* coef, const T* stage, int n) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    cp_async_wait<0>();
+    __syncwarp();                                        // coef was written by other lanes
+    for (int r = 0; r < n; ++r) {
+        float v[E];
+        load_slice<T, E>(stage + r * D + lane * E, v);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float c = coef[h * kStage + r];
+            if (c == 0.f) continue;
+#pragma unroll
+            for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = fmaf(c, v[e], sums[h * D + lane * E + e]);
+        }
+    }
+}
 
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS, 3)
@@ -47,10 +72,15 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
     if (t_begin >= t_end) return;                              // whole warp
     const i64 head0 = b * H + (i64)g * G;
 
+    constexpr int kStage = SC_GATHER_STAGE_BYTES / (D * (int)sizeof(T));   // V rows staged a tile
+    constexpr int kWarpFloats = G * BN + BN + G * D + G * kStage;
     extern __shared__ __align__(16) unsigned char smem[];
-    float* sc = reinterpret_cast<float*>(smem) + warp * (G * BN + BN + G * D);   // [G][BN]
+    float* sc = reinterpret_cast<float*>(smem) + warp * kWarpFloats;             // [G][BN]
     int* rows = reinterpret_cast<int*>(sc + G * BN);                            // [BN]
     float* sums = sc + G * BN + BN;                                             // [G][D]
+    float* coef_st = sums + G * D;                                              // [G][kStage]
+    T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * kWarpFloats) +
+               warp * kStage * D;                                               // [kStage][D]
 #pragma unroll
     for (int h = 0; h < G; ++h)
 #pragma unroll
@@ -65,6 +95,7 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
     float my_M = -SC_INF, my_Z = 0.f;
     int my_took = 0;
     int rows_total = 0;
+    int pending = 0;                                         // rows of the previous tile in the stage
 
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
@@ -89,6 +120,9 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
             st.push2(x0, x1);
         });
         st.reduce_group();                                   // lanes 4 h .. 4 h + 3: head h's (m_t, l_t)
+        // the previous tile's staged rows (relative to the reference before this tile's max)
+        if (pending) add_staged<T, D, G, kStage>(sums, coef_st, stage, pending);
+        pending = 0;
         __syncwarp();
         bool any_row[R];
 #pragma unroll
@@ -159,31 +193,38 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
             if (any_row[i]) rows[k++] = lane * R + i;
         __syncwarp();
         const int nsel = __shfl_sync(0xffffffffu, incl, 31);
-        // gather-add, 4 rows in flight: sums[h] += coef_h(j) V_j (each lane its D/32 slice)
-        for (int base = 0; base < nsel; base += 4) {               // warp-uniform
-            float v[4][E];
-            int jr[4];
+        // The first kStage selected rows go to the stage by cp.async (each lane its own D/32
+        // slice), with their coefficients, and are added after the next tile is scored: their
+        // round trip overlaps it. More rows than that are gathered now.
+        pending = min(nsel, kStage);
+        for (int w = 0; w < pending; ++w) {
+            const int j = rows[w];
+            cp_async_bytes<E * (int)sizeof(T)>(stage + w * D + lane * E,
+                                               cache_row<T, D>(v_cache, b, row0 + j, g, L_max, KVH) + lane * E);
+        }
+        cp_async_commit();
+        for (int w = lane; w < pending * G; w += 32) {
+            const int h = w / pending, r = w % pending;
+            coef_st[h * kStage + r] = sc[h * BN + rows[r]];
+        }
+        // the rest (a tile that selects more than kStage rows), one row at a time
+        for (int w = pending; w < nsel; ++w) {                       // warp-uniform
+            const int j = rows[w];
+            float v[E];
+            load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + j, g, L_max, KVH) + lane * E, v);
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                jr[w] = base + w < nsel ? rows[base + w] : -1;
-                if (jr[w] >= 0)                                   // load_slice: santa_tile.cu
-                    load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + jr[w], g, L_max, KVH) + lane * E, v[w]);
-            }
+            for (int h = 0; h < G; ++h) {
+                const float c = sc[h * BN + j];
+                if (c == 0.f) continue;
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                if (jr[w] < 0) continue;
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    const float c = sc[h * BN + jr[w]];
-                    if (c == 0.f) continue;
-#pragma unroll
-                    for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = fmaf(c, v[w][e], sums[h * D + lane * E + e]);
-                }
+                for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = fmaf(c, v[e], sums[h * D + lane * E + e]);
             }
         }
         rows_total += nsel;
         __syncwarp();                                    // sc and rows are rewritten by the next tile
     }
+    if (pending) add_staged<T, D, G, kStage>(sums, coef_st, stage, pending);
+    __syncwarp();
     // the run's partial (relative to M) and its counts
 #pragma unroll
     for (int h = 0; h < G; ++h) {

@@ -286,7 +286,7 @@ class DecodePlan:
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
             if self.one_pass:
-                self._one_pass_smem = kernels.one_pass_smem_bytes(self.block_n, self.G, head_dim)
+                self._one_pass_smem = kernels.one_pass_smem_bytes(self.block_n, self.G, head_dim, dtype)
                 self.one_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.one_pass, self._one_pass_smem)
         self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
         # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile

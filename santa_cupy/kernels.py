@@ -229,9 +229,12 @@ def one_pass_supported(sampler, group, dtype_name, head_dim) -> bool:
     return sampler == "systematic" and group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim)
 
 
-def one_pass_smem_bytes(block_n, group, head_dim) -> int:
-    """santa_one_pass: per warp sc [G][BN] f32 | rows [BN] i32 | sums [G][D] f32."""
-    return (THREADS // 32) * 4 * (group * block_n + block_n + group * head_dim)
+def one_pass_smem_bytes(block_n, group, head_dim, dtype_name="bfloat16") -> int:
+    """santa_one_pass: per warp sc [G][BN] f32 | rows [BN] i32 | sums [G][D] f32 | staged rows'
+    coefficients [G][kStage] f32, then per warp GATHER_STAGE_BYTES of staged V rows."""
+    stage_rows = GATHER_STAGE_BYTES // (head_dim * ITEMSIZE[dtype_name])
+    return (THREADS // 32) * (4 * (group * block_n + block_n + group * head_dim + group * stage_rows)
+                              + GATHER_STAGE_BYTES)
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:

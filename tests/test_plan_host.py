@@ -491,7 +491,7 @@ def test_one_pass_launches(launches):
     params = [p for p, _ in sigs["santa_one_pass"]]
     args = launches[0][3]
     assert args[params.index("lse_hint")] is plan.lse and int(args[params.index("tiles_per_warp")]) == plan.one_tpw
-    assert launches[0][4] == kernels.one_pass_smem_bytes(plan.block_n, 4, 128)
+    assert launches[0][4] == kernels.one_pass_smem_bytes(plan.block_n, 4, 128, "bfloat16")
     merge = [p for p, _ in sigs["santa_merge"]]
     margs = launches[1][3]
     assert int(margs[merge.index("kind")]) == kernels.MERGE_DENSE
