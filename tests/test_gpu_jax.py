@@ -94,7 +94,7 @@ def test_jit_equals_eager_cupy(jx, dtype, opts):
 
 def test_step_operand_draws_new_samples(jx):
     jax, jnp, santa_jax = jx
-    _, gpu, jarr = _inputs(jnp, "float16", seed=1)
+    _, gpu, jarr = _inputs(jnp, "float16", seed=1, peak=1.0)
     traces = []
 
     @jax.jit
@@ -117,7 +117,7 @@ def test_step_operand_draws_new_samples(jx):
 def test_step_advances_inside_scan(jx):
     """The step a traced loop counter: each iteration of one jitted scan draws its own samples."""
     jax, jnp, santa_jax = jx
-    _, gpu, jarr = _inputs(jnp, "bfloat16", seed=2)
+    _, gpu, jarr = _inputs(jnp, "bfloat16", seed=2, peak=1.0)
     q, k, v, n = jarr
 
     @jax.jit
@@ -135,7 +135,7 @@ def test_step_advances_inside_scan(jx):
     moved = rel_l2(_f32(outs[1]), _f32(outs[0]))
     print(f"scan steps vs eager: {errs}; step 1 vs 0: {moved:.3e}")
     assert max(errs) <= SAME_TOL["bfloat16"], errs
-    assert moved > 2e-2, moved
+    assert moved > max(5 * max(errs), 1e-3), (moved, errs)
 
 
 def test_single_device_sharding(jx):
@@ -160,7 +160,7 @@ def test_traced_once_no_host_transfers(jx):
     """Repeated calls of one compiled function with device operands: no retrace, no transfer (the
     callback copies the step on the device; JAX's transfer guard would raise on a host round trip)."""
     jax, jnp, santa_jax = jx
-    _, _, jarr = _inputs(jnp, "bfloat16", seed=4)
+    _, _, jarr = _inputs(jnp, "bfloat16", seed=4, peak=1.0)
     traces = []
 
     @jax.jit
