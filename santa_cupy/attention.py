@@ -51,9 +51,11 @@ class AttentionInfo:
     samples_drawn: Any = None
 
 
+@interop.accepts_stream
 def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
-                     return_info=False, return_counts=False, santa_min_length="auto", lse_hint=None):
+                     return_info=False, return_counts=False, santa_min_length="auto", out=None,
+                     lse_hint=None):
     """One decode step of attention for every sequence and head.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
@@ -69,8 +71,11 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     min(1, S exp(s - r)), one pass over the cache) needs ``lse_hint`` r [B, H] float32, an array of
     q's library: a guess of each head's log-sum-exp (any deterministic one keeps o unbiased; it
     sets the rows read, about S exp(lse - r)); ``info.samples_drawn`` says how many.
+    ``out``: a C-contiguous [B, H, D] array of the output dtype (CuPy or any zero-copy GPU array
+    for GPU inputs, NumPy for NumPy inputs) that o is written into and returned as.
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+    out = interop.as_out(out)
     if block_n is None:                  # 0 or False is a bad value, not "the default"
         block_n = spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
     shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
@@ -92,27 +97,42 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     elif lse_hint is not None:
         raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, got budget {budget!r}")
     if not spec.is_cupy_array(q):
+        if out is not None and spec.is_cupy_array(out):
+            raise ValueError(f"out must be a NumPy array for NumPy inputs, got {spec.describe(out)}")
         if one_pass:
-            return _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
-                                            block_n, return_info)
-        return _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
-                               seed, step, layer, block_n, return_info)
+            result = _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
+                                              block_n, return_info)
+        else:
+            result = _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
+                                     seed, step, layer, block_n, return_info)
+        return result if out is None else _into_numpy_out(result, out, return_info)
     plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
                       max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
                       sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
                       step=step, santa_min_length=santa_min_length)
     if one_pass:
         import cupy
-        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False,
+        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False,
                      lse_hint=cupy.ascontiguousarray(hint, dtype=cupy.float32))
     else:
-        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, validate=False)
+        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False)
     if not (return_info or return_counts):
         return o
     info = plan.info()
     if return_counts and method == "santa" and not one_pass:
         info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer)
     return o, info
+
+
+def _into_numpy_out(result, out, return_info):
+    """The NumPy path's o copied into the caller's ``out`` (checked like the GPU path's)."""
+    o = result[0] if return_info else result
+    if not isinstance(out, np.ndarray) or out.shape != o.shape or out.dtype != o.dtype \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writeable C-contiguous numpy array of shape {o.shape} and dtype "
+                         f"{o.dtype}, got {spec.describe(out)}")
+    out[...] = o
+    return (out, result[1]) if return_info else out
 
 
 def _check_int(name, value, lo, hi, what="an integer"):
@@ -377,6 +397,7 @@ class DecodePlan:
         return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self._dense_rows // 256)), slots)
 
     # ---- launches ---------------------------------------------------------------------------
+    @interop.accepts_stream
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None):
         """o [B, H, D] for this step (written into ``out`` or the plan's own buffer).
 
@@ -470,6 +491,7 @@ class DecodePlan:
         """The plan's own output buffer, or a caller's after checking it can take o [B, H, D]."""
         if out is None:
             return self.out
+        out = interop.as_out(out)            # torch / JAX GPU arrays: a zero-copy CuPy view
         if not spec.is_cupy_array(out) or out.shape != self.out.shape or out.dtype != self.out.dtype \
                 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous cupy array of shape {self.out.shape} and dtype "
@@ -480,6 +502,7 @@ class DecodePlan:
         if self.one_pass:
             raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
 
+    @interop.accepts_stream
     def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None):
         """The gather-add and merge stages alone: o from given sample counts [B, H, L_max] int32.
 
@@ -605,6 +628,7 @@ class DecodePlan:
         self._lengths[...] = lengths        # a device-side cast, no host sync
         return self._lengths
 
+    @interop.accepts_stream
     def advance(self, n=1):
         """Advance the device step counter (capturable: a graph ending with this draws new samples)."""
         for _ in range(n):
@@ -622,6 +646,7 @@ class DecodePlan:
         return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
                              dense_fallback=self._last_lengths < self.santa_from, samples_drawn=drawn)
 
+    @interop.accepts_stream
     def sample_counts(self, q, k_cache, lengths, *, layer=0):
         """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).
 
