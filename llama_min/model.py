@@ -52,7 +52,8 @@ class AttentionConfig:
     method: str = "dense"        # "dense" | "santa"
     samples: int = 256
     sampler: str = "systematic"  # "iid" | "stratified" | "systematic"
-    budget: str = "global"       # "fixed" | "global" | "largest_remainder"
+    budget: str = "global"       # "fixed" | "global" | "largest_remainder" | "one_pass" (CPU: the
+    #                              hint of a layer is its exact lse at the previous decode step)
     seed: int = 0
     block_n: int | None = None   # None: santa_cupy's default for the method and head dim
     # GPU: sequences shorter than this decode with exact attention where it is faster ("auto": the
@@ -103,6 +104,8 @@ class KVCache:
         self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.lengths = xp.zeros((batch,), xp.int32)
         self.plans = {}                               # AttentionConfig -> santa_cupy.DecodePlan (GPU)
+        self.lse_hints = {}                           # budget one_pass: layer -> [B, H] lse of the last step
+        self.rows_taken = 0                           # budget one_pass: rows taken, summed over steps, layers, heads
         self.length = 0
         self.step = 0
         self.batch, self.max_len = batch, max_len
@@ -111,6 +114,8 @@ class KVCache:
         self.lengths[...] = 0
         self.length = 0
         self.step = 0
+        self.lse_hints.clear()
+        self.rows_taken = 0
 
 
 class LlamaModel:
@@ -369,7 +374,7 @@ class LlamaModel:
             n = cache.length + 1
             return lambda li, q, kc, vc, lens: self._dense_decode_np(q, kc, vc, lens, n)
         if self.xp is np:
-            return self._santa_decode_np(att, cache.step)
+            return self._santa_decode_np(att, cache)
         import santa_cupy
         if self.xp is not np and hasattr(santa_cupy, "DecodePlan"):
             plan = cache.plans.get(att)
@@ -389,16 +394,31 @@ class LlamaModel:
     def make_plan(self, att: AttentionConfig, cache: KVCache):
         """A santa_cupy.DecodePlan for this model's shapes and the cache (GPU only)."""
         import santa_cupy
+        if att.budget == santa_cupy.spec.ONE_PASS:
+            raise ValueError("budget 'one_pass' in llama_min runs on the CPU for now (the GPU decoder would need "
+                             "a hint per layer: santa_cupy.DecodePlan.run(lse_hint=...))")
         return santa_cupy.DecodePlan(
             batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
             max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
             sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
             block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length)
 
-    def _santa_decode_np(self, att: AttentionConfig, step: int):
-        """-> attn(...) of SANTA at decode step `step` through santa_cupy.cpu_attention (float32)."""
-        from santa_cupy import cpu_attention, spec
+    def _santa_decode_np(self, att: AttentionConfig, cache: KVCache):
+        """-> attn(...) of SANTA at decode step cache.step through santa_cupy.cpu_attention (float32),
+        or, budget one_pass, its float64 reference (santa_cupy.one_pass) with each layer's hint the
+        exact lse of its previous step (kept on the cache; the first step uses the exact lse)."""
+        from santa_cupy import cpu_attention, one_pass, spec
         block_n = att.block_n or spec.default_block_n("santa", self.D)
+        step = cache.step
+        if att.budget == spec.ONE_PASS:
+            def attn_one_pass(li, q, kc, vc, lens):
+                o, info = one_pass.one_pass_attention(
+                    q, kc, vc, lens, samples=att.samples, lse_hint=cache.lse_hints.get(li), seed=att.seed,
+                    step=step, layer=li, scale=float(self.scale), block_n=block_n)
+                cache.lse_hints[li] = info.lse
+                cache.rows_taken += int(info.selected.sum())
+                return self._to_kv(o.astype(np.float32))
+            return attn_one_pass
 
         def attn(li, q, kc, vc, lens):
             o = cpu_attention.santa_attention(

@@ -261,6 +261,42 @@ def test_santa_attention_with_many_samples_approximates_dense(tmp_path):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_one_pass_decodes_with_each_layers_previous_lse_as_hint(tmp_path, monkeypatch):
+    """budget one_pass on the CPU: the first step's hint is the exact lse (None), every later one
+    the same layer's lse of the previous step; with many samples it is dense to rounding."""
+    from santa_cupy import one_pass
+
+    path, W, cfg = make_tiny(tmp_path, H=4, KVH=2)
+    model = LlamaModel.from_pretrained(path)
+    ids = [3, 17, 5, 9, 30, 8, 1, 4]
+    ref = ref_logits_all(W, cfg, ids)
+    seen = []
+    real = one_pass.one_pass_attention
+
+    def spy(*args, lse_hint=None, layer=0, **kw):
+        o, info = real(*args, lse_hint=lse_hint, layer=layer, **kw)
+        seen.append((layer, None if lse_hint is None else np.array(lse_hint), info.lse.copy()))
+        return o, info
+
+    monkeypatch.setattr(one_pass, "one_pass_attention", spy)
+    att = AttentionConfig(method="santa", budget="one_pass", samples=1 << 16)
+    cache = model.new_cache(1, 10)
+    model.prefill(np.array([ids[:4]]), cache)
+    for t in range(4, len(ids)):
+        _close(model.decode(np.array([ids[t]]), cache, attention=att)[0], ref[t], tol=3e-2)
+    layers = cfg["num_hidden_layers"]
+    assert len(seen) == layers * (len(ids) - 4)
+    for i, (layer, hint, lse) in enumerate(seen):
+        if i < layers:
+            assert hint is None                              # the first step: the exact lse
+        else:
+            prev = seen[i - layers]
+            assert prev[0] == layer and np.array_equal(hint, prev[2])
+    assert cache.rows_taken > 0
+    cache.reset()
+    assert not cache.lse_hints and cache.rows_taken == 0
+
+
 # ------------------------------------------------------------------ error paths
 
 
