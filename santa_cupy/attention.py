@@ -94,6 +94,8 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
         if spec.is_cupy_array(hint) != spec.is_cupy_array(q) or getattr(hint, "shape", None) != (shape.B, shape.H):
             raise ValueError(f"lse_hint must be a [B, H] = {(shape.B, shape.H)} array of q's library, got "
                              f"{spec.describe(hint)}")
+        if not bool(spec.array_module(hint).isfinite(hint).all()):    # as the reference (a plan takes NaN: exact)
+            raise ValueError("lse_hint must be finite (a NaN or inf guess says nothing about the rows to read)")
     elif lse_hint is not None:
         raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, got budget {budget!r}")
     if not spec.is_cupy_array(q):

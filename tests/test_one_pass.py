@@ -118,6 +118,8 @@ def test_one_pass_numpy_path_and_validation():
         decode_attention(q, k, v, lens, budget="one_pass")
     with pytest.raises(ValueError, match="lse_hint must be"):
         decode_attention(q, k, v, lens, budget="one_pass", lse_hint=hint[:1])
+    with pytest.raises(ValueError, match="finite"):
+        decode_attention(q, k, v, lens, budget="one_pass", lse_hint=np.full_like(hint, np.nan))
     with pytest.raises(ValueError, match="lse_hint is for"):
         decode_attention(q, k, v, lens, budget="global", lse_hint=hint)
     with pytest.raises(ValueError, match="systematic"):
