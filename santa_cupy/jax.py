@@ -59,7 +59,7 @@ def _import_cupy():
 
 def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, layer=0, scale=None, block_n=None, santa_min_length="auto",
-                     return_lse=False):
+                     return_lse=False, command_buffer=False):
     """One decode step of attention on JAX GPU arrays; traceable (``jax.jit``), no copies, no host sync.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D]; lengths [B] int32 (other integer dtypes are
@@ -76,6 +76,9 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
 
     One DecodePlan per (device, shapes, dtype, settings) is built on the first execution (kernels
     compiled then) and reused; not differentiable; not batched under ``jax.vmap``.
+    ``command_buffer`` (experimental, not yet the default): let XLA record the callback's launches
+    into its command buffer (``buffer_callback(..., command_buffer_compatible=True)``), so the
+    Python body runs when XLA records, not at every execution.
     """
     jax, buffer_callback = _import_jax()
     _import_cupy()
@@ -110,7 +113,11 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
     def callback(ctx, outs, q_buf, k_buf, v_buf, lengths_buf, step_buf):
         _run_plan(ctx, outs, (q_buf, k_buf, v_buf, lengths_buf, step_buf), key, int(layer))
 
-    outs = buffer_callback(callback, results)(q, k_cache, v_cache, lengths, step)
+    if command_buffer:
+        outs = buffer_callback(callback, results, command_buffer_compatible=True)(q, k_cache, v_cache, lengths,
+                                                                                 step)
+    else:
+        outs = buffer_callback(callback, results)(q, k_cache, v_cache, lengths, step)
     o = outs[0]
     if dtype_name == "bfloat16":
         o = jax.lax.bitcast_convert_type(o, jnp.bfloat16)

@@ -70,6 +70,8 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--methods", nargs="+", default=["dense", "santa"], choices=["dense", "santa"])
+    ap.add_argument("--command-buffer", action="store_true",
+                    help="also time santa_cupy.jax.decode_attention(command_buffer=True)")
     a = ap.parse_args(argv)
 
     import cupy as cp
@@ -109,6 +111,20 @@ def main(argv=None):
         rows.append((method, graph, jit, ratio))
         print(f"{method:6s} graph {graph:8.1f} us   jit {jit:8.1f} us   jit/graph {ratio:.3f}"
               f"   {'within' if ratio <= 1.10 else 'OVER'} the 10% target")
+        if a.command_buffer:
+            fn_cb = jax.jit(lambda q, k, v, n, s, kw=kw: santa_jax.decode_attention(q, k, v, n, s, command_buffer=True,
+                                                                                **kw))
+            try:
+                cb = _jit_us(jax, jnp, fn_cb, (jq, jk, jv, jlen), a.calls, a.repeats)
+                s3, s4 = jnp.int32(3), jnp.int32(4)
+                same = float(jnp.max(jnp.abs(fn_cb(jq, jk, jv, jlen, s3).astype(jnp.float32)
+                                             - fn(jq, jk, jv, jlen, s3).astype(jnp.float32))))
+                moved = float(jnp.max(jnp.abs(fn_cb(jq, jk, jv, jlen, s4).astype(jnp.float32)
+                                              - fn_cb(jq, jk, jv, jlen, s3).astype(jnp.float32))))
+                print(f"{method:6s} command buffer: jit {cb:8.1f} us   jit/graph {cb / graph:.3f}   "
+                      f"max |cb - plain| at one step {same:.3g}, max |step 4 - step 3| {moved:.3g}")
+            except Exception as exc:       # report, do not hide: the mode is experimental
+                print(f"{method:6s} command buffer failed: {type(exc).__name__}: {str(exc)[:300]}")
     return rows
 
 
