@@ -76,7 +76,7 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
 
     One DecodePlan per (device, shapes, dtype, settings) is built on the first execution (kernels
     compiled then) and reused; not differentiable; not batched under ``jax.vmap``.
-    ``command_buffer`` (experimental, not yet the default): let XLA record the callback's launches
+    ``command_buffer`` (experimental: not yet run on a GPU, off by default): let XLA record the callback's launches
     into its command buffer (``buffer_callback(..., command_buffer_compatible=True)``), so the
     Python body runs when XLA records, not at every execution.
     """
