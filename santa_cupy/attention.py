@@ -243,6 +243,10 @@ class DecodePlan:
                                  f"<= {kernels.WARP_TILE_MAX_G}, dtype in {kernels.MMA_DTYPES} and head_dim in "
                                  f"{kernels.MMA_HEAD_DIMS}, got sampler={sampler!r}, group={heads // kv_heads}, "
                                  f"dtype={dtype!r}, head_dim={head_dim}")
+            if tile_kernel != "auto" or score_kernel not in ("auto", "mma"):
+                raise ValueError(f"budget {spec.ONE_PASS!r} has one kernel (santa_one_pass): tile_kernel must be "
+                                 f"'auto' and score_kernel 'auto' or 'mma', got tile_kernel={tile_kernel!r}, "
+                                 f"score_kernel={score_kernel!r}")
             self.tile_kernel = "one_pass"
         else:
             self.tile_kernel = kernels.resolve_tile_kernel(tile_kernel, sampler, heads // kv_heads, rows, budget,
@@ -363,6 +367,9 @@ class DecodePlan:
         if isinstance(santa_min_length, bool) or not isinstance(santa_min_length, (int, np.integer)) \
                 or santa_min_length < 0:
             raise ValueError(f"santa_min_length must be 'auto' or an integer >= 0, got {santa_min_length!r}")
+        if santa_min_length > 1 and self.one_pass:
+            raise ValueError(f"santa_min_length={santa_min_length}: budget {spec.ONE_PASS!r} has no dense fallback "
+                             "(use 'auto', 0 or 1)")
         if santa_min_length > 1 and not self._warp:
             raise ValueError(f"santa_min_length={santa_min_length} needs the two-launch santa pipeline (systematic "
                              f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "

@@ -509,3 +509,9 @@ def test_one_pass_launches(launches):
     other = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     with pytest.raises(ValueError, match="lse_hint is for"):
         other.run(q, k, v, lengths, lse_hint=hint)
+    for bad, what in ((dict(tile_kernel="warp"), "tile_kernel"), (dict(score_kernel="stream"), "score_kernel"),
+                      (dict(santa_min_length=500), "no dense fallback")):
+        with pytest.raises(ValueError, match=what):
+            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", **bad)
+    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass",
+                      santa_min_length=0).santa_from == 0
