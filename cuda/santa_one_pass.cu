@@ -28,6 +28,20 @@
 
 #define SC_ONE_PASS_DRAW 0xFFFFFFFDull
 
+// sums[h] += c_h V for this lane's D/32 slice v of one V row, c_h = coef[h * stride] (0: not taken).
+template <int D, int G>
+__device__ __forceinline__ void add_row(float* sums, const float (&v)[D / 32], const float* coef, int stride) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        const float c = coef[h * stride];
+        if (c == 0.f) continue;
+#pragma unroll
+        for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = fmaf(c, v[e], sums[h * D + lane * E + e]);
+    }
+}
+
 // Wait for this lane's cp.async copies of the n staged rows and add them: sums[h] += coef[h][r] V_r
 // (the lane's own D/32 slice of each row, so its own wait is all the synchronisation needed).
 template <typename T, int D, int G, int kStage>
@@ -39,13 +53,7 @@ __device__ __forceinline__ void add_staged(float* sums, const float* coef, const
     for (int r = 0; r < n; ++r) {
         float v[E];
         load_slice<T, E>(stage + r * D + lane * E, v);
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            const float c = coef[h * kStage + r];
-            if (c == 0.f) continue;
-#pragma unroll
-            for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = fmaf(c, v[e], sums[h * D + lane * E + e]);
-        }
+        add_row<D, G>(sums, v, coef + r, kStage);
     }
 }
 
@@ -177,22 +185,7 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
             picked = (int)warp_sum((float)picked);
             if (lane == h) my_took += picked;
         }
-        // the rows taken by any head, in order
-        int mine = 0;
-#pragma unroll
-        for (int i = 0; i < R; ++i) mine += any_row[i];
-        int incl = mine;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int x = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += x;
-        }
-        int k = incl - mine;
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-            if (any_row[i]) rows[k++] = lane * R + i;
-        __syncwarp();
-        const int nsel = __shfl_sync(0xffffffffu, incl, 31);
+        const int nsel = warp_list_rows<R>(rows, any_row);         // the rows taken by any head (santa_tile.cu)
         // The first kStage selected rows go to the stage by cp.async (each lane its own D/32
         // slice), with their coefficients, and are added after the next tile is scored: their
         // round trip overlaps it. More rows than that are gathered now.
@@ -212,13 +205,7 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
             const int j = rows[w];
             float v[E];
             load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + j, g, L_max, KVH) + lane * E, v);
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const float c = sc[h * BN + j];
-                if (c == 0.f) continue;
-#pragma unroll
-                for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = fmaf(c, v[e], sums[h * D + lane * E + e]);
-            }
+            add_row<D, G>(sums, v, sc + j, BN);
         }
         rows_total += nsel;
         __syncwarp();                                    // sc and rows are rewritten by the next tile

@@ -226,6 +226,28 @@ __device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const 
         }
 }
 
+// The rows of a tile that any head selected, in row order, into rows[] (lane owns rows
+// lane * R .. + R - 1, any_row[i] for its i-th); returns how many (every lane).
+template <int R>
+__device__ __forceinline__ int warp_list_rows(int* rows, const bool (&any_row)[R]) {
+    const int lane = threadIdx.x & 31;
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < R; ++i) mine += any_row[i];
+    int incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+    }
+    int k = incl - mine;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (any_row[i]) rows[k++] = lane * R + i;
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, incl, 31);
+}
+
 // Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
 // the ordered list of the selected rows (the union over the heads, row order) into rows[];
 // returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
@@ -277,21 +299,7 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
             any_row[i] |= count > 0;
         }
     }
-    int mine = 0;
-#pragma unroll
-    for (int i = 0; i < R; ++i) mine += any_row[i];
-    int incl = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int x = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += x;
-    }
-    int k = incl - mine;
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-        if (any_row[i]) rows[k++] = lane * R + i;
-    __syncwarp();
-    return __shfl_sync(0xffffffffu, incl, 31);
+    return warp_list_rows<R>(rows, any_row);
 }
 
 // Gather-add of the nsel selected rows of one tile (first row row0), kGather V rows in flight:

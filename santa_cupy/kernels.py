@@ -30,7 +30,7 @@ SOURCE_FILES = (
     "santa_sample.cuh",
     "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu",
-    "santa_one_pass.cu",     # after santa_tile.cu (load_slice)
+    "santa_one_pass.cu",     # after santa_tile.cu (load_slice, warp_list_rows)
     "merge.cu",
 )
 STORAGE_TYPE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
