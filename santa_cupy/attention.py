@@ -323,7 +323,8 @@ class DecodePlan:
         self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
-        self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
+        if not self.one_pass:                # one_pass: a view of its counters (below)
+            self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
         # The warp pipeline (score pass, prefix, warp pass 2): santa_tile_warp's last block per
         # (b, KV head) writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add
         # into copy blockIdx.x % ACC_COPIES: fewer atomics on each address) and zeroes them; its
@@ -333,9 +334,16 @@ class DecodePlan:
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         # one_pass: the default lse_hint is the plan's previous lse (NaN before the first call: every
-        # row taken, the exact output); drawn [B, H]: rows each head took
+        # row taken, the exact output)
         self.lse = cupy.full((B, H), np.nan, cupy.float32) if self.one_pass else cupy.empty((B, H), cupy.float32)
-        self.drawn = cupy.zeros((B, H), cupy.int32) if self.one_pass else None
+        # drawn [B, H]: rows each head took (one_pass: counted by the kernel, beside rows_read in one
+        # buffer, so one fill clears both; the other budgets: S, a constant)
+        if self.one_pass:
+            self._one_pass_counts = cupy.zeros((B * kv_heads + B * H,), cupy.int32)
+            self.rows_read = self._one_pass_counts[:B * kv_heads].reshape(B, kv_heads)
+            self.drawn = self._one_pass_counts[B * kv_heads:].reshape(B, H)
+        else:
+            self.drawn = cupy.full((B, H), self.samples, cupy.int32) if method == "santa" else None
         self.spread = cupy.empty((B, H), cupy.float32)
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
@@ -596,8 +604,7 @@ class DecodePlan:
         """santa_one_pass: score, take rows by the hint's inclusion probabilities, gather; one
         partial per run of one_tpw tiles (santa_merge follows)."""
         i32, i64, u64, f32 = kernels.i32, kernels.i64, kernels.u64, kernels.f32
-        self.rows_read.fill(0)
-        self.drawn.fill(0)
+        self._one_pass_counts.fill(0)                    # rows_read and drawn
         kernels.launch(self.kernels.one_pass, (self._warp_blocks(self.one_tpw), self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
                         i32(self.T_max), i32(self.one_tpw), i32(self.samples), u64(self.seed), self.step, i32(layer),
@@ -650,10 +657,8 @@ class DecodePlan:
             rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
             return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
                                  dense_fallback=cupy.ones((self.B,), bool))
-        import cupy
-        drawn = self.drawn if self.one_pass else cupy.full((self.B, self.H), self.samples, cupy.int32)
         return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
-                             dense_fallback=self._last_lengths < self.santa_from, samples_drawn=drawn)
+                             dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn)
 
     @interop.accepts_stream
     def sample_counts(self, q, k_cache, lengths, *, layer=0):

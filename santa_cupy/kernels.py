@@ -98,9 +98,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
                  prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
-    if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # the one-pass budget's kernel
-        names["one_pass"] = f"santa_one_pass<{t}, {d}, {bn}, {g}>"
-    if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # it follows the mma score pass
+    if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # they follow / use the mma scores
+        names["one_pass"] = f"santa_one_pass<{t}, {d}, {bn}, {g}>"          # the one-pass budget's kernel
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp; kFinish
             names[name] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, false>"
             names[name + "_finish"] = f"santa_tile_warp<{t}, {d}, {bn}, {g}, {gather}, true>"
@@ -226,7 +225,7 @@ def tile_warp_smem_bytes(block_n, group, head_dim, staged=False) -> int:
 
 def one_pass_supported(sampler, group, dtype_name, head_dim) -> bool:
     """santa_one_pass (the one-pass budget on the GPU): systematic, G <= 8, fp16/bf16 at D 64/128."""
-    return sampler == "systematic" and group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim)
+    return warp_tile_supported(sampler, group) and mma_supported(dtype_name, head_dim)
 
 
 def one_pass_smem_bytes(block_n, group, head_dim, dtype_name="bfloat16") -> int:

@@ -482,7 +482,9 @@ def test_one_pass_launches(launches):
     plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass")
     assert np.isnan(plan.lse).all()                               # the first call takes every row
     plan.run(q, k, v, lengths)
-    assert [name for name, *_ in launches] == ["santa_one_pass", "santa_merge"]
+    assert [name for name, *_ in launches] == ["santa_one_pass", "santa_merge"]   # one fill (host-side here)
+    assert np.shares_memory(plan.rows_read, plan._one_pass_counts) and np.shares_memory(plan.drawn,
+                                                                                        plan._one_pass_counts)
     sigs = _kernel_signatures()
     for name, grid, block, args, smem in launches:
         assert len(args) == len(sigs[name])
