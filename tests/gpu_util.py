@@ -67,3 +67,10 @@ def stable_seed(*parts) -> int:
     per process, so seeds built from it changed the test data from run to run)."""
     import zlib
     return zlib.crc32(repr(parts).encode())
+
+
+def as_float32(x):
+    """A kernel's output (CuPy or NumPy; bf16 as uint16 bits) as a float32 NumPy array."""
+    from santa_cupy import spec
+    x = x.get() if hasattr(x, "get") else x
+    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)

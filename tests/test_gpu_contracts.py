@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from santa_cupy import DecodePlan, spec
-from tests.gpu_util import random_inputs, rel_l2, requires_gpu, to_gpu
+from tests.gpu_util import as_float32, random_inputs, rel_l2, requires_gpu, to_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -30,9 +30,6 @@ ROUTES = [
 ]
 
 
-def _as_float(x):
-    x = x.get() if hasattr(x, "get") else x
-    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
 
 
 def _plan(L_max, **kw):
@@ -54,7 +51,7 @@ def test_length_zero_gives_zero_output_and_minus_inf_lse(options):
     lens[1] = 0
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     plan = _plan(L_max, **options)
-    o = _as_float(plan.run(qg, kg, vg, lg))
+    o = as_float32(plan.run(qg, kg, vg, lg))
     info = plan.info()
     assert np.array_equal(o[1], np.zeros_like(o[1]))
     assert np.all(np.isneginf(info.lse.get()[1]))
@@ -65,7 +62,7 @@ def test_length_zero_gives_zero_output_and_minus_inf_lse(options):
     ref = _plan(L_max, **options)
     lens2 = lens.copy()
     lens2[1] = 5
-    o_ref = _as_float(ref.run(qg, kg, vg, to_gpu(lens2)[0]))
+    o_ref = as_float32(ref.run(qg, kg, vg, to_gpu(lens2)[0]))
     assert rel_l2(o[[0, 2]], o_ref[[0, 2]]) < 1e-5
 
 
@@ -87,7 +84,7 @@ def test_nan_propagates_to_its_sequence_only(options, where):
         k[1, 333, 1, 9] = nan                                # a row of group 1 inside the length
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     plan = _plan(L_max, **options)
-    o = _as_float(plan.run(qg, kg, vg, lg))
+    o = as_float32(plan.run(qg, kg, vg, lg))
     assert np.all(np.isnan(o[1, 5])), "the NaN's head must be NaN, not a silent number"
     assert np.all(np.isfinite(o[[0, 2]]))
     assert np.all(np.isfinite(o[1, :4]))                     # KV group 0 of the same sequence
@@ -104,14 +101,14 @@ def test_warp_pipeline_leaves_workspaces_clean(budget):
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     plan = _plan(L_max, budget=budget, tile_kernel="warp" if budget == "fixed" else "auto")
     assert plan.tile_kernel.startswith("warp")
-    first = _as_float(plan.run(qg, kg, vg, lg))
+    first = as_float32(plan.run(qg, kg, vg, lg))
     rows = plan.rows_read.get().copy()
     lse = plan.lse.get().copy()
     short = lens.copy()
     short[:] = [17, 1, 64]
     plan.run(qg, kg, vg, to_gpu(short)[0])
     for _ in range(2):
-        again = _as_float(plan.run(qg, kg, vg, lg))
+        again = as_float32(plan.run(qg, kg, vg, lg))
         assert np.array_equal(plan.rows_read.get(), rows)
         assert np.array_equal(plan.lse.get(), lse)
         assert rel_l2(again, first) < 1e-4             # float atomics: bf16 flips of a few elements
@@ -130,12 +127,12 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     kw = dict(batch=6, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=64, seed=9)
     mixed = DecodePlan(santa_min_length=1000, **kw)
     assert mixed.santa_from == 1000
-    o = _as_float(mixed.run(qg, kg, vg, lg))
+    o = as_float32(mixed.run(qg, kg, vg, lg))
     rows, lse = mixed.rows_read.get(), mixed.lse.get()
     dense = DecodePlan(method="dense", **kw)
-    od = _as_float(dense.run(qg, kg, vg, lg))
+    od = as_float32(dense.run(qg, kg, vg, lg))
     santa = DecodePlan(santa_min_length=0, **kw)
-    os_ = _as_float(santa.run(qg, kg, vg, lg))
+    os_ = as_float32(santa.run(qg, kg, vg, lg))
     short = [1, 3, 5]
     long = [0, 2, 4]
     assert rel_l2(o[short], od[short]) < 1e-5
@@ -166,7 +163,7 @@ def test_warp_finish_and_merge_routes_agree(budget):
     for finish in (True, False):
         plan.finish_in_kernel = finish
         plan.out.fill(0x7FC0)
-        o = _as_float(plan.run(qg, kg, vg, lg))
+        o = as_float32(plan.run(qg, kg, vg, lg))
         res.append((o, plan.rows_read.get().copy(), plan.spread.get().copy(), plan.lse.get().copy()))
     (o1, r1, s1, l1), (o2, r2, s2, l2) = res
     assert np.array_equal(r1, r2)

@@ -11,7 +11,7 @@ import pytest
 
 import santa_cupy
 from santa_cupy import kernels, reference, spec
-from tests.gpu_util import DENSE_TOL, random_inputs, rel_l2, requires_gpu, stable_seed, to_gpu
+from tests.gpu_util import DENSE_TOL, as_float32, random_inputs, rel_l2, requires_gpu, stable_seed, to_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -42,9 +42,6 @@ def _poisoned_plan(**kw):
     return plan
 
 
-def _as_float(x):
-    x = x.get() if hasattr(x, "get") else x
-    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
 
 
 @pytest.mark.parametrize("kernel", ["stream", "mma"])
@@ -63,7 +60,7 @@ def test_dense_matches_reference(dtype, D, G, kernel):
     plan = _poisoned_plan(batch=B, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype,
                           method="dense", block_n=block_n, dense_kernel=kernel)
     o = plan.run(*to_gpu(q, k, v, lens))
-    o = _as_float(o)
+    o = as_float32(o)
     assert np.isfinite(o).all(), "output not fully written"
     assert rel_l2(o, ref_o) < DENSE_TOL[dtype]
     assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
@@ -78,7 +75,7 @@ def test_dense_mma_two_row_halves(G):
     ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
     plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=128, max_length=305, dtype="float16",
                           method="dense", dense_kernel="mma")
-    o = _as_float(plan.run(*to_gpu(q, k, v, lens)))
+    o = as_float32(plan.run(*to_gpu(q, k, v, lens)))
     assert np.isfinite(o).all() and rel_l2(o, ref_o) < DENSE_TOL["float16"]
     assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
 
@@ -102,7 +99,7 @@ def test_dense_merges_in_its_last_block(L_max, splits):
 
     def check(lens):
         ref_o, ref_lse = reference.dense_attention(q, k, v, np.asarray(lens, np.int32))
-        assert rel_l2(_as_float(plan.out), ref_o) < DENSE_TOL["bfloat16"], lens
+        assert rel_l2(as_float32(plan.out), ref_o) < DENSE_TOL["bfloat16"], lens
         assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
         assert not plan.merge_counters.get().any(), "merge counters not reset"
 
@@ -134,7 +131,7 @@ def test_dense_self_merge_over_several_rounds(monkeypatch, D, heads):
     plan = _poisoned_plan(batch=3, heads=heads, kv_heads=2, head_dim=D, max_length=L_max, dtype="bfloat16",
                           method="dense", dense_splits=300)
     assert plan.dense_merges_itself and plan.P_max > 4 * 32
-    o = _as_float(plan.run(*to_gpu(q, k, v, lens)))
+    o = as_float32(plan.run(*to_gpu(q, k, v, lens)))
     ref_o, ref_lse = reference.dense_attention(q, k, v, lens)
     assert np.isfinite(o).all() and rel_l2(o, ref_o) < DENSE_TOL["bfloat16"]
     assert np.allclose(plan.lse.get(), ref_lse, atol=1e-3, rtol=1e-4)
@@ -148,15 +145,15 @@ def test_dense_long_context_100k(dtype):
     q, k, v, lens = random_inputs(rng, 2, 32, 8, 128, 100_003, lengths, dtype)
     ref_o, _ = reference.dense_attention(q, k, v, lens)
     o = decode_attention(*to_gpu(q, k, v, lens), method="dense")
-    assert rel_l2(_as_float(o), ref_o) < DENSE_TOL[dtype]
+    assert rel_l2(as_float32(o), ref_o) < DENSE_TOL[dtype]
     # more splits than the self-merge takes: v4 + santa_merge
     plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
                       method="dense", dense_splits=48)
     assert not plan.dense_merges_itself and plan.P_max > kernels.DENSE_SELF_MERGE_MAX_SPLITS
-    assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
+    assert rel_l2(as_float32(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
     plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
                       method="dense", dense_kernel="stream")
-    assert rel_l2(_as_float(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
+    assert rel_l2(as_float32(plan.run(*to_gpu(q, k, v, lens))), ref_o) < DENSE_TOL[dtype]
 
 
 SAMPLING = list(itertools.product(spec.BUDGETS, spec.SAMPLERS))
@@ -191,7 +188,7 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
     # the output is the reference estimator applied to the GPU's own counts
     scores = reference.head_scores(q, k, lens)
     v64 = reference.to_float64(v)
-    o = _as_float(o)
+    o = as_float32(o)
     for b, n in enumerate(lengths):
         cg = counts[b, :, :n].reshape(KVH, G, n)
         want, want_spread = reference.estimate(cg, scores[b, :, :n].reshape(KVH, G, n),
@@ -227,7 +224,7 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
     for _ in range(600):
         runs.append(plan.run(qg, kg, vg, lg, validate=False).copy())
         plan.advance()
-    est = _as_float(cupy.stack(runs)).astype(np.float64)     # [600, 1, 4, 64] (bf16: from its bits)
+    est = as_float32(cupy.stack(runs)).astype(np.float64)     # [600, 1, 4, 64] (bf16: from its bits)
     mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(len(runs))
     z = np.abs(mean - exact) / np.maximum(se, 1e-12)
     assert np.mean(z < 4) > 0.995, f"max z {z.max():.1f}"
@@ -253,7 +250,7 @@ def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples
         plan = _poisoned_plan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
                               samples=samples, budget=budget, seed=17, step=4, block_n=block_n, tile_kernel=kernel,
                               tiles_per_warp=None if kernel == "block" else tpw)
-        o = _as_float(plan.run(*args, layer=2))
+        o = as_float32(plan.run(*args, layer=2))
         assert np.isfinite(o).all(), "output not fully written"
         res[kernel] = (plan, o, plan.rows_read.get(), plan.spread.get(), plan.lse.get())
     return lengths, L_max, args, res
@@ -281,7 +278,7 @@ def test_fixed_warp_matches_block_tile(G, D, dtype, block_n, tpw, warp_kernel):
         assert (counts[b].sum(-1) == max(1, 96 // n_tiles) * n_tiles).all()
     rows = (counts.reshape(4, 2, G, L_max) > 0).any(axis=2).sum(-1)
     assert np.array_equal(rows, rows_read)
-    again = _as_float(plan.run_from_counts(*args, cupy.asarray(counts)))
+    again = as_float32(plan.run_from_counts(*args, cupy.asarray(counts)))
     assert rel_l2(again, o) < max(DENSE_TOL[dtype], 1e-5)
     (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
     flips = int(np.abs(rw.astype(np.int64) - rb).sum())
@@ -305,7 +302,7 @@ def test_merge_unrolls_agree(method, budget):
     res = []
     for fn in (plan.kernels.merge_wide, plan.kernels.merge):
         plan._merge_fn = fn
-        o = _as_float(plan.run(*args))
+        o = as_float32(plan.run(*args))
         res.append((o, plan.lse.get(), plan.spread.get()))
     (o8, l8, s8), (o4, l4, s4) = res
     assert rel_l2(o4, o8) < 2e-3                # bf16 outputs: order-of-summation flips of 1 ulp only
@@ -362,7 +359,7 @@ def test_every_group_size(G):
     q, k, v, lens = random_inputs(rng, 3, 2 * G, 2, 128, 260, lengths, "bfloat16")
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     ref_o, _ = reference.dense_attention(q, k, v, lens)
-    assert rel_l2(_as_float(decode_attention(qg, kg, vg, lg, method="dense")), ref_o) < DENSE_TOL["bfloat16"]
+    assert rel_l2(as_float32(decode_attention(qg, kg, vg, lg, method="dense")), ref_o) < DENSE_TOL["bfloat16"]
     kw = dict(samples=64, seed=G, block_n=128)
     o, info = decode_attention(qg, kg, vg, lg, return_info=True, return_counts=True, **kw)
     ref_counts = reference.sample_counts(q, k, lens, **kw)
@@ -385,8 +382,8 @@ def test_standalone_sample_then_gather_equals_fused(budget):
         warp = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
                           samples=64, budget=budget, seed=3, block_n=64)
         assert warp.tile_kernel in ("warp", "warp_staged", "warp_mma")
-        got = _as_float(warp.run(qg, kg, vg, lg))
-        assert rel_l2(got, _as_float(staged)) < 4e-3
+        got = as_float32(warp.run(qg, kg, vg, lg))
+        assert rel_l2(got, as_float32(staged)) < 4e-3
         assert np.array_equal(warp.rows_read.get(), plan.rows_read.get())
 
 
@@ -452,7 +449,7 @@ def test_runs_of_tiles_match_single_tiles(budget, G, D, dtype, block_n, tpw):
                               samples=96, budget=budget, seed=23, step=2, block_n=block_n, tiles_per_warp=runs)
         assert plan.score_tpw == runs and plan.tile_tpw == (runs if G <= 8 else 1)
         plan.scores.fill(np.nan)
-        o = _as_float(plan.run(*args, layer=1))
+        o = as_float32(plan.run(*args, layer=1))
         assert np.isfinite(o).all(), "output not fully written"
         res[runs] = (o, plan.rows_read.get(), plan.spread.get(), plan.lse.get(), plan.scores.get(),
                      plan.part_s.get()[..., :2])
@@ -538,7 +535,7 @@ def test_programmatic_launch_is_bit_identical(options):
     atomics = options.get("method") == "santa" and options.get("tile_kernel", "auto") != "block"
     for i, (got, want) in enumerate(zip(run(True), run(False))):
         if atomics and i % 2 == 0:                               # o
-            assert rel_l2(_as_float(got), _as_float(want)) < 1e-3
+            assert rel_l2(as_float32(got), as_float32(want)) < 1e-3
         else:
             np.testing.assert_array_equal(got, want)
 
@@ -556,4 +553,4 @@ def test_dense_forced_splits_match_reference(splits, D, heads):
                       method="dense", dense_splits=splits)
     o = plan.run(*to_gpu(q, k, v, lens))
     ref_o, _ = reference.dense_attention(q, k, v, lens)
-    assert rel_l2(_as_float(o), ref_o) < DENSE_TOL["bfloat16"]
+    assert rel_l2(as_float32(o), ref_o) < DENSE_TOL["bfloat16"]

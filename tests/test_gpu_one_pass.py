@@ -7,14 +7,11 @@ import numpy as np
 import pytest
 
 from santa_cupy import DecodePlan, decode_attention, one_pass, reference, spec
-from tests.gpu_util import DENSE_TOL, random_inputs, rel_l2, requires_gpu, to_gpu
+from tests.gpu_util import DENSE_TOL, as_float32, random_inputs, rel_l2, requires_gpu, to_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
-def _as_float(x):
-    x = x.get() if hasattr(x, "get") else x
-    return spec.to_float32(x, np) if x.dtype == np.uint16 else x.astype(np.float32)
 
 
 def _exact_lse(q, k, lens):
@@ -48,7 +45,7 @@ def test_one_pass_matches_reference(G, D, dtype, block_n, delta):
     assert flips <= max(2, total // 200), f"{flips} of {total} selections differ"
     assert np.abs(info.rows_read.get() - op.rows_read).sum() <= max(2, total // 200)
     assert np.allclose(info.lse.get(), op.lse, rtol=1e-4, atol=1e-4)          # the merge's exact lse
-    err = rel_l2(_as_float(o), want)
+    err = rel_l2(as_float32(o), want)
     # equal counts per head may still hide a point that moved to a neighbouring row (the float32
     # running sum), so even then the tolerance is a few rows' worth above the output's rounding
     assert err < (DENSE_TOL[dtype] + 5e-3 if flips == 0 else 5e-2), f"rel. error {err:.2e} with {flips} flips"
@@ -63,7 +60,7 @@ def test_one_pass_nan_hint_is_exact_and_the_default_hint_follows_the_plan():
     exact, lse = reference.dense_attention(q, k, v, lens)
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, budget="one_pass", samples=128)
     args = to_gpu(q, k, v, lens)
-    o = _as_float(plan.run(*args))
+    o = as_float32(plan.run(*args))
     assert (plan.info().samples_drawn.get() == np.array(lens)[:, None]).all(), "NaN hint: every row"
     assert rel_l2(o, exact) < DENSE_TOL["bfloat16"]
     assert np.allclose(plan.lse.get(), lse, rtol=1e-4, atol=1e-4)
@@ -90,7 +87,7 @@ def test_one_pass_unbiased_over_steps_on_gpu(delta):
         runs.append(plan.run(*args, validate=False, lse_hint=hint_g).copy())
         drawn.append(plan.info().samples_drawn.copy())
         plan.advance()
-    est = _as_float(cupy.stack(runs)).astype(np.float64)        # [600, 1, 4, 64]
+    est = as_float32(cupy.stack(runs)).astype(np.float64)        # [600, 1, 4, 64]
     mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(len(runs))
     z = np.abs(mean - exact) / np.maximum(se, 1e-12)
     assert np.mean(z < 4) > 0.995, f"max z {z.max():.1f}"
@@ -114,7 +111,7 @@ def test_one_pass_contracts():
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, budget="one_pass", samples=64)
     plan.out.view(cupy.uint8).fill(0xFF)
     hint = cupy.zeros((B, H), cupy.float32)
-    o = _as_float(plan.run(*to_gpu(q, k, v, lens), lse_hint=hint))
+    o = as_float32(plan.run(*to_gpu(q, k, v, lens), lse_hint=hint))
     info = plan.info()
     assert np.array_equal(o[1], np.zeros_like(o[1])) and np.isneginf(info.lse.get()[1]).all()
     assert not info.rows_read.get()[1].any() and not info.samples_drawn.get()[1].any()
