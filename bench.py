@@ -65,7 +65,10 @@ SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_w
                         "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
                         "warpmma": {"tile_kernel": "warp_mma"},
                         "always": {"santa_min_length": 0}}
-SANTA_VERSIONS = KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS)
+# "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
+# (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
+PAGED_SUFFIXES = ("paged", "shuffled")
+SANTA_VERSIONS = KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS) + PAGED_SUFFIXES
 DEFAULT_METHODS = ("dense", "dense-stream", "santa-global-systematic-256",
                    "santa-global-systematic-256-always", "santa-global-systematic-256-block",
                    "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always")
@@ -110,7 +113,7 @@ def parse_method(name: str) -> Method:
     name = name.strip()
     if name in ("dense", "flashinfer"):
         return Method(name)
-    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS:
+    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS + PAGED_SUFFIXES:
         return Method("dense", backend=name.removeprefix("dense-"))
     if re.fullmatch(r"dense-p[1-9][0-9]*", name):            # forced splits per KV group
         return Method("dense", backend=name.removeprefix("dense-"))
@@ -122,8 +125,9 @@ def parse_method(name: str) -> Method:
         if budget in BUDGETS + ("one_pass",) and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
-        f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-stream|-mma|-block|-tpw1|-warp|-staged|-warpmma|-always], e.g. santa-global-systematic-256",
+        f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
+        f"flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}], e.g. santa-global-systematic-256",
         param_hint="--methods")
 
 
@@ -619,7 +623,12 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
     """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
     from santa_cupy import DecodePlan
 
-    if method.kind == "dense" and method.backend.startswith("p"):
+    paged = method.backend in PAGED_SUFFIXES
+    if paged:
+        kw = dict(method=method.kind, page_size=PAGE_ROWS)
+        if method.kind == "santa":
+            kw.update(samples=method.samples, sampler=method.sampler, budget=method.budget)
+    elif method.kind == "dense" and method.backend.startswith("p"):
         kw = dict(method="dense", dense_splits=int(method.backend[1:]))
     elif method.kind == "dense":
         kw = dict(method="dense", dense_kernel=method.backend or "auto")
@@ -638,12 +647,22 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
     step is NOT advanced inside the timed graph (each input copy draws its own samples anyway)."""
     plan = our_plan(method, shape, B, L)
     lengths = cp.full((B,), L, dtype=cp.int32)
-    fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False) for q, k, v in inputs]
+    table = None
+    if method.backend in PAGED_SUFFIXES:         # the caches as pages (a free view when L % PAGE_ROWS == 0)
+        import numpy as np
+        layout = PagedLayout(B, L)
+        ids = layout.indices()
+        if method.backend == "shuffled":
+            ids = np.random.default_rng(0).permutation(ids).astype(np.int32)
+        table = cp.asarray(ids.reshape(B, layout.pages_per_seq))
+        inputs = [(q, paged_cache(cp, k, layout), paged_cache(cp, v, layout)) for q, k, v in inputs]
+        plan.run(*inputs[0], lengths, block_table=table)           # validated once
+    fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False, block_table=table) for q, k, v in inputs]
     us, mode = time_cupy_graph(cp, fns, n_inner, repeats)
     rows_read = None
     if method.kind == "santa":
         q, k, v = inputs[0]
-        plan.run(q, k, v, lengths, validate=False)
+        plan.run(q, k, v, lengths, validate=False, block_table=table)
         rows_read = int(plan.info().rows_read.sum())     # int() syncs the default stream
     return {"us": us, "timing": mode, "rows_read": rows_read,
             "rows_frac": rows_read / (B * L * shape.kv_heads) if rows_read is not None else 1.0}

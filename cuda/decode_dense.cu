@@ -135,7 +135,8 @@ template <typename T, int D, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                      const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
-                     i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits) {
+                     i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
+                     const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     using GQ = GroupQuery<T, D, G>;
@@ -148,6 +149,7 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
     if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
         return;
     const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
+    const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache), V = SC_CACHE_ROWS(v_cache);
     GQ gq;
     gq.load(q, b, g, H, scale * SC_LOG2E);
     DenseState<T, D, G> st;
@@ -162,8 +164,8 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
             const i64 j = base + (i64)u * kRG + rg;
             valid[u] = j < row_end;
             if (valid[u]) {
-                kc[u].load(cache_row<T, D>(k_cache, b, j, g, L_max, KVH) + dg * SC_CHUNK);
-                vc[u].load(cache_row<T, D>(v_cache, b, j, g, L_max, KVH) + dg * SC_CHUNK);
+                kc[u].load(K.row(b, j, g) + dg * SC_CHUNK);
+                vc[u].load(V.row(b, j, g) + dg * SC_CHUNK);
             } else {
                 kc[u].zero(); vc[u].zero();
             }
@@ -200,15 +202,15 @@ struct MmaStepLoads {
 };
 
 template <typename T, int D>
-__device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const T* k_cache, const T* v_cache, i64 b,
-                                              i64 base, i64 row_end, int g, i64 L_max, int KVH, int gi, int t) {
+__device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const CacheRows<T, D>& K, const CacheRows<T, D>& V,
+                                              i64 b, i64 base, i64 row_end, int g, int gi, int t) {
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-        load_key_slice<T, D>(ld.k[j], k_cache, b, base + 8 * j + gi, row_end, base, g, L_max, KVH, t);
+        load_key_slice<T, D>(ld.k[j], K, b, base + 8 * j + gi, row_end, base, g, t);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
-        load_quads<D / 16>(ld.v[r], cache_row<T, D>(v_cache, b, key < row_end ? key : base, g, L_max, KVH), gi, 8,
+        load_quads<D / 16>(ld.v[r], V.row(b, key < row_end ? key : base, g), gi, 8,
                            key < row_end);
     }
 }
@@ -281,7 +283,8 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
                  i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
                  int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
-                 float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read) {
+                 float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read,
+                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
@@ -315,17 +318,18 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 
     // Two register buffers: the loads of the next step are in flight while this one computes.
     // (base is warp-uniform, so every lane runs the same trip count around the shuffles.)
+    const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache), V = SC_CACHE_ROWS(v_cache);
     MmaStepLoads<D> bufA, bufB;
     i64 base = row_begin + 16 * warp;
-    if (base < row_end) mma_step_load<T, D>(bufA, k_cache, v_cache, b, base, row_end, g, L_max, KVH, gi, t);
+    if (base < row_end) mma_step_load<T, D>(bufA, K, V, b, base, row_end, g, gi, t);
     while (base < row_end) {
         if (base + kStep < row_end)
-            mma_step_load<T, D>(bufB, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
+            mma_step_load<T, D>(bufB, K, V, b, base + kStep, row_end, g, gi, t);
         st.step(mq, bufA, base, row_end, mult, t);
         base += kStep;
         if (base >= row_end) break;
         if (base + kStep < row_end)
-            mma_step_load<T, D>(bufA, k_cache, v_cache, b, base + kStep, row_end, g, L_max, KVH, gi, t);
+            mma_step_load<T, D>(bufA, K, V, b, base + kStep, row_end, g, gi, t);
         st.step(mq, bufB, base, row_end, mult, t);
         base += kStep;
     }

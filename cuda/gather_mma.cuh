@@ -64,8 +64,8 @@ struct MmaGather {
 
     // The tile's gather: rows[0 .. nsel) of the tile starting at row0, counts cnt[G][BN] (this
     // warp's shared arrays), stage = this warp's SC_GATHER_STAGE_BYTES.
-    __device__ __forceinline__ void run(const int* cnt, const int* rows, int nsel, T* stage, const T* v_cache, i64 b,
-                                        i64 row0, int g, i64 L_max, int KVH) {
+    __device__ __forceinline__ void run(const int* cnt, const int* rows, int nsel, T* stage, const CacheRows<T, D>& V,
+                                        i64 b, i64 row0, int g) {
         const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
@@ -78,7 +78,7 @@ struct MmaGather {
                 const int idx = 32 * i + lane, r = idx / QC, c = idx % QC;
                 const bool valid = base + r < nsel;                   // else zero-filled (0 x garbage = NaN)
                 const i64 row = row0 + (valid ? rows[base + r] : 0);
-                cp_async16(chunk(stage, r, c), cache_row<T, D>(v_cache, b, row, g, L_max, KVH) + 8 * c, valid);
+                cp_async16(chunk(stage, r, c), V.row(b, row, g) + 8 * c, valid);
             }
             cp_async_commit();
             cp_async_wait<0>();

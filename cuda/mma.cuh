@@ -92,10 +92,9 @@ struct MmaQuery {
 // Thread t's slice (MmaQuery) of key `key` into registers: zeros where key >= row_end, whose
 // address is formed from row `fallback` (a valid row) and not read.
 template <typename T, int D>
-__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const T* k_cache, i64 b, i64 key, i64 row_end,
-                                               i64 fallback, int g, i64 L_max, int KVH, int t) {
-    load_quads<D / 8>(w, cache_row<T, D>(k_cache, b, key < row_end ? key : fallback, g, L_max, KVH), t, 4,
-                      key < row_end);
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<T, D>& K, i64 b, i64 key,
+                                               i64 row_end, i64 fallback, int g, int t) {
+    load_quads<D / 8>(w, K.row(b, key < row_end ? key : fallback, g), t, 4, key < row_end);
 }
 
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
@@ -136,19 +135,19 @@ struct KeyRun {
     u32 kbuf[2][2][KW];                      // [buffer][n-tile][words]: step k in buffer k & 1
 
     // Step 0 of the run's first tile (rows [row0, row_end)).
-    __device__ __forceinline__ void start(const T* k_cache, i64 b, i64 row0, i64 row_end, int g, i64 L_max, int KVH,
-                                          int gi, int tq) {
+    __device__ __forceinline__ void start(const CacheRows<T, D>& K, i64 b, i64 row0, i64 row_end, int g, int gi,
+                                          int tq) {
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-            load_key_slice<T, D>(kbuf[0][j], k_cache, b, row0 + 8 * j + gi, row_end, row0, g, L_max, KVH, tq);
+            load_key_slice<T, D>(kbuf[0][j], K, b, row0 + 8 * j + gi, row_end, row0, g, tq);
     }
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
     // or an empty range (next_end == next0) after the last, whose loads then read nothing.
     template <int G, typename F>
-    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const T* k_cache, i64 b,
-                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, i64 L_max,
-                                               int KVH, int gi, int tq, F&& f) {
+    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const CacheRows<T, D>& K,
+                                               i64 b, i64 row0, i64 row_end, i64 next0, i64 next_end, int g,
+                                               int gi, int tq, F&& f) {
 #pragma unroll
         for (int st = 0; st < NSTEP; ++st) {
             const int k = index * NSTEP + st, cur = k & 1;       // the run's step counter
@@ -157,8 +156,7 @@ struct KeyRun {
             const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
 #pragma unroll
             for (int j = 0; j < 2; ++j)
-                load_key_slice<T, D>(kbuf[cur ^ 1][j], k_cache, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g,
-                                     L_max, KVH, tq);
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], K, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g, tq);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 float s[4];

@@ -27,8 +27,7 @@ __device__ __forceinline__ int select_rows(int* rows, int* warp_tot, const int* 
 
 template <typename T, int D, int BN>
 __device__ __forceinline__ void gather_add(float* acc, float* m2p, const int* rows, int nsel, const int* cnt,
-                                           int G, const T* v_cache, i64 b, i64 row0, int g, i64 L_max,
-                                           int KVH) {
+                                           int G, const CacheRows<T, D>& V, i64 b, i64 row0, int g) {
     constexpr int kThreadsPerRow = D / SC_CHUNK;
     constexpr int kRowGroups = SC_NTHREADS / kThreadsPerRow;
     const int rg = threadIdx.x / kThreadsPerRow, dg = threadIdx.x % kThreadsPerRow;
@@ -38,7 +37,7 @@ __device__ __forceinline__ void gather_add(float* acc, float* m2p, const int* ro
         const int j = valid ? rows[i] : 0;
         float vf[SC_CHUNK];
         if (valid) {
-            Chunk<T> vc; vc.load(cache_row<T, D>(v_cache, b, row0 + j, g, L_max, KVH) + dg * SC_CHUNK);
+            Chunk<T> vc; vc.load(V.row(b, row0 + j, g) + dg * SC_CHUNK);
             vc.to_floats(vf);
         } else {
 #pragma unroll

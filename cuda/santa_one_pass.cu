@@ -63,7 +63,8 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
                const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
                int tiles_per_warp, int samples, u64 seed, const i64* __restrict__ step, int layer,
                const float* __restrict__ lse_hint, float* __restrict__ part_o, float4* __restrict__ part_s,
-               int P_max, int* __restrict__ rows_read, int* __restrict__ drawn) {
+               int P_max, int* __restrict__ rows_read, int* __restrict__ drawn,
+               const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "one pass: tensor-core scores, head_dim 64 or 128");
@@ -105,11 +106,12 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
     int rows_total = 0;
     int pending = 0;                                         // rows of the previous tile in the stage
 
+    const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache), V = SC_CACHE_ROWS(v_cache);
     MmaQuery<T, D, G> mq;
     mq.load(q, head0, gi, tq);
     KeyRun<T, D, BN> kr;
     const i64 first0 = (i64)t_begin * BN;
-    kr.start(k_cache, b, first0, min(first0 + BN, (i64)n), g, L_max, KVH, gi, tq);
+    kr.start(K, b, first0, min(first0 + BN, (i64)n), g, gi, tq);
     for (int t = t_begin; t < t_end; ++t) {                   // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int nrows = (int)(row_end - row0);
@@ -117,7 +119,7 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
         const bool has_next = t + 1 < t_end;
         const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
         OnlineStats st;
-        kr.score_tile(mq, t - t_begin, k_cache, b, row0, row_end, next0, next_end, g, L_max, KVH, gi, tq,
+        kr.score_tile(mq, t - t_begin, K, b, row0, row_end, next0, next_end, g, gi, tq,
                       [&](int s, int j, const float (&acc)[4]) {
             const int c = 16 * s + 8 * j;
             const float x0 = c < lim ? acc[0] * scale : -SC_INF, x1 = c + 1 < lim ? acc[1] * scale : -SC_INF;
@@ -193,7 +195,7 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
         for (int w = 0; w < pending; ++w) {
             const int j = rows[w];
             cp_async_bytes<E * (int)sizeof(T)>(stage + w * D + lane * E,
-                                               cache_row<T, D>(v_cache, b, row0 + j, g, L_max, KVH) + lane * E);
+                                               V.row(b, row0 + j, g) + lane * E);
         }
         cp_async_commit();
         for (int w = lane; w < pending * G; w += 32) {
@@ -204,7 +206,7 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
         for (int w = pending; w < nsel; ++w) {                       // warp-uniform
             const int j = rows[w];
             float v[E];
-            load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + j, g, L_max, KVH) + lane * E, v);
+            load_slice<T, E>(V.row(b, row0 + j, g) + lane * E, v);
             add_row<D, G>(sums, v, sc + j, BN);
         }
         rows_total += nsel;

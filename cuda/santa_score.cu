@@ -33,7 +33,8 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
             float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
-            float4* __restrict__ part_s) {
+            float4* __restrict__ part_s,
+            const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     const int t = blockIdx.x, g = blockIdx.y;
@@ -47,7 +48,7 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
     __shared__ float m[G], l[G];
     GroupQuery<T, D, G> gq;
     gq.load(q, b, g, H, scale);
-    stream_tile_scores<T, D, G, BN>(s, gq, k_cache, b, row0, nrows, g, L_max, KVH);
+    stream_tile_scores<T, D, G, BN>(s, gq, SC_CACHE_ROWS(k_cache), b, row0, nrows, g);
     __syncthreads();
     tile_stats<BN>(m, l, s, G, nrows);
     write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
@@ -81,8 +82,8 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // faster (docs/history/BENCHMARKS-journal.md, step 8).
 // The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
 template <typename T, int D, int BN, int G>
-__device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __restrict__ k_cache, int n, float scale,
-                                          int KVH, i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
+__device__ __forceinline__ void score_run(const T* __restrict__ q, const CacheRows<T, D>& K, int n, float scale,
+                                          i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
                                           i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -98,7 +99,7 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __re
 
     KeyRun<T, D, BN> kr;
     const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
-    kr.start(k_cache, b, first0, first_end, g, L_max, KVH, gi, tq);
+    kr.start(K, b, first0, first_end, g, gi, tq);
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
@@ -106,7 +107,7 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const T* __re
         const bool has_next = t + 1 < t_end;
         const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
         OnlineStats lo, hi;
-        kr.score_tile(mq, t - t_begin, k_cache, b, row0, row_end, next0, next_end, g, L_max, KVH, gi, tq,
+        kr.score_tile(mq, t - t_begin, K, b, row0, row_end, next0, next_end, g, gi, tq,
                       [&](int st, int j, const float (&acc)[4]) {
             const int c = 16 * st + 8 * j;
             float sc[4];                                 // scores (natural-log scale), -inf past n
@@ -130,7 +131,8 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
-                float4* __restrict__ part_s, int santa_from) {
+                float4* __restrict__ part_s, int santa_from,
+                const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
@@ -144,6 +146,6 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
     const int t_end = min(t_begin + tiles_per_warp, n_tiles);
     if (t_begin < t_end)                                 // whole warp
-        score_run<T, D, BN, G>(q, k_cache, n, scale, KVH, L_max, T_max, t_begin, t_end, b, g,
+        score_run<T, D, BN, G>(q, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g,
                                       b * H + (i64)g * G, scores, part_s);
 }

@@ -38,7 +38,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
            int budget, int sampler, int samples, int mode, int own_scores, u64 seed, const i64* __restrict__ step,
            int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
            const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
-           int* __restrict__ counts, int* __restrict__ rows_read) {
+           int* __restrict__ counts, int* __restrict__ rows_read,
+           const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     constexpr int kThreadsPerRow = D / SC_CHUNK;
@@ -67,7 +68,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     if (own_scores) {                            // fused (budget fixed, one pass): score the tile here
         GroupQuery<T, D, G> gq;
         gq.load(q, b, g, H, scale);
-        stream_tile_scores<T, D, G, BN>(cum, gq, k_cache, b, row0, nrows, g, L_max, KVH);
+        stream_tile_scores<T, D, G, BN>(cum, gq, SC_CACHE_ROWS(k_cache), b, row0, nrows, g);
         __syncthreads();
         tile_stats<BN>(m, l, cum, G, nrows);
     } else {                                     // two-pass: stats of santa_score.cu
@@ -130,7 +131,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     for (int idx = threadIdx.x; idx < kRowGroups * G; idx += SC_NTHREADS) m2p[idx] = 0.f;
     const int nsel = select_rows<BN>(rows, warp_tot, cnt, G, nrows);
     __syncthreads();
-    gather_add<T, D, BN>(acc, m2p, rows, nsel, cnt, G, v_cache, b, row0, g, L_max, KVH);
+    gather_add<T, D, BN>(acc, m2p, rows, nsel, cnt, G, SC_CACHE_ROWS(v_cache), b, row0, g);
     __syncthreads();
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {   // reduce the row groups
         const int h = idx / D, d = idx % D;
@@ -306,8 +307,8 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
 // acc[h][e] += c_h(j) V_j[lane*E + e];  m2p[h] += c_h(j) * (lane's part of ||V_j||^2)
 template <typename T, int D, int BN, int G, int kGather>
 __device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
-                                                const int* rows, int nsel, const T* v_cache, i64 b, i64 row0,
-                                                int g, i64 L_max, int KVH) {
+                                                const int* rows, int nsel, const CacheRows<T, D>& V, i64 b,
+                                                i64 row0, int g) {
     constexpr int E = D / 32;
     const int lane = threadIdx.x & 31;
     for (int base = 0; base < nsel; base += kGather) {           // warp-uniform
@@ -317,7 +318,7 @@ __device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (
         for (int u = 0; u < kGather; ++u) {
             const bool ok = base + u < nsel;
             jr[u] = ok ? rows[base + u] : -1;
-            if (ok) load_slice<T, E>(cache_row<T, D>(v_cache, b, row0 + jr[u], g, L_max, KVH) + lane * E, v[u]);
+            if (ok) load_slice<T, E>(V.row(b, row0 + jr[u], g) + lane * E, v[u]);
         }
 #pragma unroll
         for (int u = 0; u < kGather; ++u) {
@@ -345,8 +346,8 @@ __device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (
 // every row, so its cp.async wait is all the synchronisation needed. stage: this warp's [kRows][D].
 template <typename T, int D, int BN, int G, int kRows>
 __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
-                                                       const int* rows, int nsel, T* stage, const T* v_cache,
-                                                       i64 b, i64 row0, int g, i64 L_max, int KVH) {
+                                                       const int* rows, int nsel, T* stage,
+                                                       const CacheRows<T, D>& V, i64 b, i64 row0, int g) {
     constexpr int E = D / 32;
     const int lane = threadIdx.x & 31;
     T* mine = stage + lane * E;
@@ -356,7 +357,7 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
         for (int u = 0; u < kRows; ++u)
             if (u < m)
                 cp_async_bytes<E * (int)sizeof(T)>(mine + u * D,
-                                                   cache_row<T, D>(v_cache, b, row0 + rows[base + u], g, L_max, KVH) + lane * E);
+                                                   V.row(b, row0 + rows[base + u], g) + lane * E);
         cp_async_commit();
         cp_async_wait<0>();
         for (int u = 0; u < m; ++u) {
@@ -394,7 +395,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                 int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
-                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
+                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
+                const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
@@ -409,6 +411,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
     const int t_end = min(t0 + tiles_per_warp, n_tiles);
     const i64 head0 = b * H + (i64)g * G;
+    const CacheRows<T, D> V = SC_CACHE_ROWS(v_cache);
     if (n_tiles == 0 && t0 == 0) {                             // an empty sequence: o = 0, lse = -inf
         write_empty_heads<T, D>(out, lse, spread, head0, G);
         if (lane == 0) rows_read[b * KVH + g] = 0;
@@ -512,7 +515,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             // counts exact in T: no head draws more than kMaxCount points here (n bounds a count)
             if (__ballot_sync(0xffffffffu, lane < G && my.n > MmaGather<T, D, BN, G>::kMaxCount) == 0u) {
                 MmaGather<T, D, BN, G> mg;
-                mg.run(cnt, rows, nsel, stage, v_cache, b, row0, g, L_max, KVH);
+                mg.run(cnt, rows, nsel, stage, V, b, row0, g);
                 // thread (gi, t) holds dims mt*16 + gi (+ 8) of heads 2t, 2t + 1 (gather_mma.cuh)
                 const int gi = lane >> 2, tq = lane & 3;
                 float q2[2] = {0.f, 0.f};        // this thread's part of ||sum c V||^2, heads 2t, 2t + 1
@@ -551,10 +554,9 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
         if constexpr (kGather != SC_GATHER_REGS)
-            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, v_cache, b, row0,
-                                                            g, L_max, KVH);
+            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, b, row0, g);
         else
-            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, v_cache, b, row0, g, L_max, KVH);
+            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, V, b, row0, g);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             const float w = __shfl_sync(0xffffffffu, my_w, h);

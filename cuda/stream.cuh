@@ -43,8 +43,8 @@ struct GroupQuery {
 // Scores of rows [row0, row0 + nrows) of one tile into s[G][BN] (shared memory), -inf past nrows.
 // U rows per row group are loaded before any is used.
 template <typename T, int D, int G, int BN>
-__device__ __forceinline__ void stream_tile_scores(float* s, const GroupQuery<T, D, G>& gq, const T* k_cache,
-                                                   i64 b, i64 row0, int nrows, int g, i64 L_max, int KVH) {
+__device__ __forceinline__ void stream_tile_scores(float* s, const GroupQuery<T, D, G>& gq, const CacheRows<T, D>& K,
+                                                   i64 b, i64 row0, int nrows, int g) {
     using GQ = GroupQuery<T, D, G>;
     constexpr int U = BN / GQ::kRowGroups < 4 ? BN / GQ::kRowGroups : 4;
     const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
@@ -53,7 +53,7 @@ __device__ __forceinline__ void stream_tile_scores(float* s, const GroupQuery<T,
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int j = base + u * GQ::kRowGroups + rg;
-            if (j < nrows) k[u].load(cache_row<T, D>(k_cache, b, row0 + j, g, L_max, KVH) + dg * SC_CHUNK);
+            if (j < nrows) k[u].load(K.row(b, row0 + j, g) + dg * SC_CHUNK);
             else k[u].zero();
         }
 #pragma unroll

@@ -1,14 +1,39 @@
 // tile.cuh — KV-cache row addressing and per-tile softmax statistics (device code).
 //
-// Cache layout: [B, L_max, KVH, D], row (b, j, g) starts at ((b * L_max + j) * KVH + g) * D.
-// All row addressing goes through cache_row(), the one place a paged cache would slot in.
-// A tile is BN consecutive positions of one sequence and one KV head.
+// Cache layouts (CacheRows below), row (b, j, g) of D elements:
+//   contiguous [B, L_max, KVH, D] (page_size 0): at ((b * L_max + j) * KVH + g) * D;
+//   paged, page p = table[b * table_stride + j / page_size], slot s = j % page_size:
+//     NHD [num_pages, page_size, KVH, D] (FlashInfer's and vLLM's): ((p * page_size + s) * KVH + g) * D,
+//     HND [num_pages, KVH, page_size, D]:                           ((p * KVH + g) * page_size + s) * D.
+// All row addressing goes through CacheRows::row(). A tile is BN consecutive positions of one
+// sequence and one KV head.
 #pragma once
 
+// Where the rows of one cache (K or V) live. Every kernel that reads the cache takes its
+// (block_table, page_size, table_stride, page_hnd) after its other arguments; page_size 0 is the
+// contiguous cache (the table, a placeholder then, is not read).
 template <typename T, int D>
-__device__ __forceinline__ const T* cache_row(const T* cache, i64 b, i64 j, int g, i64 L_max, int KVH) {
-    return cache + ((b * L_max + j) * (i64)KVH + g) * (i64)D;
-}
+struct CacheRows {
+    const T* data;
+    const int* table;          // [B, table_stride] page ids (paged)
+    i64 L_max;                 // contiguous: rows per sequence
+    int KVH, page_size, table_stride, hnd;    // page_size 0: contiguous
+
+    __device__ __forceinline__ const T* row(i64 b, i64 j, int g) const {
+        if (page_size == 0) return data + ((b * L_max + j) * (i64)KVH + g) * (i64)D;
+        const unsigned jj = (unsigned)j, ps = (unsigned)page_size;
+        const unsigned slot_page = jj / ps;
+        const i64 page = __ldg(table + b * table_stride + slot_page);
+        const i64 slot = (i64)(jj - slot_page * ps);
+        const i64 at = hnd ? (page * KVH + g) * page_size + slot : (page * page_size + slot) * KVH + g;
+        return data + at * (i64)D;
+    }
+};
+
+// The CacheRows of a cache pointer inside a kernel: T, D, L_max, KVH and the four page arguments
+// every cache-reading kernel takes last (const int* block_table, int page_size, int table_stride,
+// int page_hnd) in scope.
+#define SC_CACHE_ROWS(ptr) (CacheRows<T, D>{(ptr), block_table, L_max, KVH, page_size, table_stride, page_hnd})
 
 // Per-head max and exp-sum of s[G][BN] over the first nrows rows; warp w takes heads w, w+4, ...
 // Writes m[h], l[h]. Empty tiles (nrows == 0) give m = -inf, l = 0.

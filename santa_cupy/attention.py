@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from santa_cupy import interop, kernels, reference, spec
+from santa_cupy import interop, kernels, paged, reference, spec
 
 STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
 _INT32_MAX = 2**31 - 1
@@ -55,7 +55,7 @@ class AttentionInfo:
 def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
                      return_info=False, return_counts=False, santa_min_length="auto", out=None,
-                     lse_hint=None):
+                     lse_hint=None, block_table=None, page_layout="NHD"):
     """One decode step of attention for every sequence and head.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
@@ -73,13 +73,33 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     sets the rows read, about S exp(lse - r)); ``info.samples_drawn`` says how many.
     ``out``: a C-contiguous [B, H, D] array of the output dtype (CuPy or any zero-copy GPU array
     for GPU inputs, NumPy for NumPy inputs) that o is written into and returned as.
+    ``block_table`` [B, max_pages] integer: k_cache and v_cache are page pools instead
+    (santa_cupy/paged.py), ``page_layout`` "NHD" [num_pages, page_size, KVH, D] (FlashInfer's and
+    vLLM's) or "HND" [num_pages, KVH, page_size, D]; row j of sequence b is slot j % page_size of
+    page block_table[b, j // page_size]. Pages may be shared, shuffled and partly filled; the
+    outputs equal the contiguous call's on the gathered cache (L_max = max_pages * page_size).
+    A bad table (a page id out of range, too few pages for a length) is a ValueError naming its
+    first bad entry.
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     out = interop.as_out(out)
     if block_n is None:                  # 0 or False is a bad value, not "the default"
         block_n = spec.default_block_n(method, q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
-    shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
-                                        sampler=sampler, budget=budget, scale=scale, block_n=block_n)
+    pages = None                          # (layout, page_size, table as int64 NumPy) of a paged call
+    if block_table is not None:
+        block_table = interop.as_array(block_table, "block_table")
+        spec.check_choice("page_layout", page_layout, paged.LAYOUTS)
+        num_pages, page_size, _, _ = paged.page_shape(k_cache, page_layout)
+        if getattr(block_table, "ndim", 0) != 2:
+            raise ValueError(f"block_table must be a 2-D integer array [B, max_pages], got {spec.describe(block_table)}")
+        table = paged.validate_block_table(block_table, lengths, num_pages, page_size)   # names the bad entry
+        shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
+                                            sampler=sampler, budget=budget, scale=scale, block_n=block_n,
+                                            page_layout=page_layout, max_length=block_table.shape[1] * page_size)
+        pages = (page_layout, page_size, table)
+    else:
+        shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
+                                            sampler=sampler, budget=budget, scale=scale, block_n=block_n)
     _check_int("seed", seed, 0, 2**64 - 1)
     _check_int("step", step, 0, 2**63 - 1)
     _check_int("layer", layer, 0, 2**31 - 1)          # the kernels take it as a C int
@@ -101,6 +121,10 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     if not spec.is_cupy_array(q):
         if out is not None and spec.is_cupy_array(out):
             raise ValueError(f"out must be a NumPy array for NumPy inputs, got {spec.describe(out)}")
+        if pages is not None:             # the reference on the gathered contiguous cache
+            layout, _, table = pages
+            k_cache = paged.gather_pages(k_cache, table, lengths, shape.L_max, layout)
+            v_cache = paged.gather_pages(v_cache, table, lengths, shape.L_max, layout)
         if one_pass:
             result = _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
                                               block_n, return_info)
@@ -111,18 +135,18 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
                       max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
                       sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
-                      step=step, santa_min_length=santa_min_length)
-    if one_pass:
-        import cupy
-        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False,
-                     lse_hint=cupy.ascontiguousarray(hint, dtype=cupy.float32))
-    else:
-        o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False)
+                      step=step, santa_min_length=santa_min_length,
+                      page_size=None if pages is None else pages[1], page_layout=page_layout)
+    import cupy
+    table = None if pages is None else cupy.ascontiguousarray(block_table, dtype=cupy.int32)
+    hint = cupy.ascontiguousarray(hint, dtype=cupy.float32) if one_pass else None
+    o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False, lse_hint=hint,
+                 block_table=table)
     if not (return_info or return_counts):
         return o
     info = plan.info()
     if return_counts and method == "santa" and not one_pass:
-        info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer)
+        info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer, block_table=table)
     return o, info
 
 
@@ -201,7 +225,7 @@ class DecodePlan:
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
                  dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None,
-                 dense_splits=None, santa_min_length="auto", _dense_rows=None):
+                 dense_splits=None, santa_min_length="auto", page_size=None, page_layout="NHD", _dense_rows=None):
         cupy = _import_cupy()
 
         spec.check_choice("method", method, spec.METHODS)
@@ -216,6 +240,14 @@ class DecodePlan:
         if dtype not in spec.GPU_DTYPES:
             raise ValueError(f"dtype must be one of {spec.GPU_DTYPES}, got {dtype!r}")
         self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
+        # a paged cache (santa_cupy/paged.py): run() then takes page pools and a block_table
+        spec.check_choice("page_layout", page_layout, paged.LAYOUTS)
+        if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer))
+                                      or not 1 <= page_size <= paged.MAX_PAGE_SIZE):
+            raise ValueError(f"page_size must be None (a contiguous cache) or an integer in 1..{paged.MAX_PAGE_SIZE}, "
+                             f"got {page_size!r}")
+        self.page_size = None if page_size is None else int(page_size)
+        self.page_layout = page_layout
         self.G = heads // kv_heads
         spec.check_choice("dense_kernel", dense_kernel, kernels.DENSE_KERNELS)
         # "stream" (v2, FMA: the generic fallback) | "mma" (v4, tensor cores); "auto": v4 where it
@@ -348,6 +380,7 @@ class DecodePlan:
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)
+        self._no_table = cupy.zeros((1,), cupy.int32)      # a contiguous plan's block_table argument
         # Never slower than exact: sequences shorter than santa_from run the dense kernel (a dense
         # sub-plan sharing this plan's outputs), the santa kernels skip them; a dense plan's
         # kernel takes every sequence.
@@ -415,8 +448,17 @@ class DecodePlan:
 
     # ---- launches ---------------------------------------------------------------------------
     @interop.accepts_stream
-    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None):
+    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None,
+            block_table=None):
         """o [B, H, D] for this step (written into ``out`` or the plan's own buffer).
+
+        A plan with ``page_size`` takes page pools k_cache, v_cache ([num_pages, page_size, KVH, D]
+        for page_layout "NHD", [num_pages, KVH, page_size, D] for "HND") and ``block_table``
+        [B, max_pages] int32 (C-contiguous, on the device): row j of sequence b is slot
+        j % page_size of page block_table[b, j // page_size]; lengths <= max_length. ``validate``
+        checks the table too (a host sync: page ids in range, enough pages for each length; a
+        ValueError names block_table and the first bad entry); without it a bad table reads
+        wrong memory.
 
         A sequence of length 0 gets o = 0, lse = -inf, spread = 0, rows_read = 0 on every route; NaN
         or inf in q or K makes that sequence's heads (of the KV group) NaN.
@@ -425,54 +467,89 @@ class DecodePlan:
         ``info().lse``); None: the plan's own lse of its previous call (NaN before the first: the
         exact output). About ``samples * exp(lse - r)`` rows are read per head."""
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        pages = self._page_args(block_table, k_cache)
         if validate:
-            shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
-                                                samples=self.samples, sampler=self.sampler, budget=self.budget,
-                                                scale=self.scale, block_n=self.block_n,
-                                                check_lengths=False, check_finite=False)
-            got = (shape.B, shape.H, shape.KVH, shape.D, shape.L_max, shape.dtype_name)
-            want = (self.B, self.H, self.KVH, self.D, self.L_max, self.dtype)
-            if got != want:
-                raise ValueError(f"inputs (B, H, KVH, D, L_max, dtype)={got} do not match the plan's {want}")
+            self._validate(q, k_cache, v_cache, lengths, block_table)
         lengths = self._int32_lengths(lengths)
         self._last_lengths = lengths
         out = self._output(out)
         if self.method == "dense":
-            self._dense(q, k_cache, v_cache, lengths, out)
+            self._dense(q, k_cache, v_cache, lengths, out, pages)
             if not self.dense_merges_itself:
                 self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
             return out
         if self.one_pass:
-            self._one_pass(q, k_cache, v_cache, lengths, layer, self._lse_hint(lse_hint))
+            self._one_pass(q, k_cache, v_cache, lengths, layer, self._lse_hint(lse_hint), pages)
             self._merge(lengths, out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
             return out
         if lse_hint is not None:
             raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
         if self._warp:                       # score, prefix, then sample + gather + finish
             if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
-                self._dense_plan._dense(q, k_cache, v_cache, lengths, out)
+                self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
                 if self.santa_from > self.L_max:
                     return out
-            self._score_and_prefix(q, k_cache, lengths, santa_from=self.santa_from)
-            self._tile_warp(v_cache, lengths, layer, out)
+            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from)
+            self._tile_warp(v_cache, lengths, layer, out, pages)
             if not self.finish_in_kernel:
                 self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
             return out
         self.rows_read.fill(0)
         if self.two_pass:
-            self._score_and_prefix(q, k_cache, lengths)
-        self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
+            self._score_and_prefix(q, k_cache, lengths, pages)
+        self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
         self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
         return out
 
-    def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0):
+    def _validate(self, q, k_cache, v_cache, lengths, block_table):
+        """The inputs' shapes and dtypes against the plan's (no data read), and a paged plan's block
+        table (a host sync)."""
+        layout = self.page_layout if self.page_size is not None else None
+        shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
+                                            samples=self.samples, sampler=self.sampler, budget=self.budget,
+                                            scale=self.scale, block_n=self.block_n, check_lengths=False,
+                                            check_finite=False, page_layout=layout, max_length=self.L_max)
+        got = (shape.B, shape.H, shape.KVH, shape.D, shape.L_max, shape.dtype_name)
+        want = (self.B, self.H, self.KVH, self.D, self.L_max, self.dtype)
+        if got != want:
+            raise ValueError(f"inputs (B, H, KVH, D, L_max, dtype)={got} do not match the plan's {want}")
+        if layout is not None:
+            num_pages, page_size, _, _ = paged.page_shape(k_cache, layout)
+            if page_size != self.page_size:
+                raise ValueError(f"k_cache pages hold {page_size} rows, the plan's page_size is {self.page_size}")
+            paged.validate_block_table(block_table, lengths, num_pages, page_size)
+            lens = lengths.get()
+            if (lens > self.L_max).any():
+                b = int((lens > self.L_max).argmax())
+                raise ValueError(f"lengths[{b}] = {int(lens[b])} exceeds the plan's max_length {self.L_max}")
+
+    def _page_args(self, block_table, k_cache):
+        """The kernels' last four arguments (block_table, page_size, table_stride, page_hnd); page_size
+        0 and a placeholder table for a contiguous plan."""
+        import cupy
+
+        if self.page_size is None:
+            if block_table is not None:
+                raise ValueError("block_table is for a plan made with page_size (a paged cache); this plan's cache "
+                                 "is contiguous [B, L_max, KVH, D]")
+            return (self._no_table, kernels.i32(0), kernels.i32(0), kernels.i32(0))
+        block_table = interop.as_array(block_table, "block_table")
+        if not isinstance(block_table, cupy.ndarray) or block_table.dtype != cupy.int32 or block_table.ndim != 2 \
+                or block_table.shape[0] != self.B or not block_table.flags.c_contiguous:
+            raise ValueError(f"block_table must be a C-contiguous cupy int32 array [B={self.B}, max_pages] (this plan "
+                             f"has page_size {self.page_size}), got {spec.describe(block_table)}")
+        return (block_table, kernels.i32(self.page_size), kernels.i32(block_table.shape[1]),
+                kernels.i32(self.page_layout == "HND"))
+
+    def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0, block_table=None):
         """{stage name: zero-argument callable launching just that stage} in pipeline order, for
         timing stages one by one (bench stages). Each reads what the previous stages of the last
         full ``run`` left in the workspaces, so call ``run`` once first."""
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        pages = self._page_args(block_table, k_cache)
         lengths = self._int32_lengths(lengths)
         if self.method == "dense":
-            split = lambda: self._dense(q, k_cache, v_cache, lengths, self.out)   # noqa: E731
+            split = lambda: self._dense(q, k_cache, v_cache, lengths, self.out, pages)   # noqa: E731
             if self.dense_merges_itself:
                 return {f"dense split-KV + merge ({self.dense_kernel})": split}
             return {f"dense split-KV ({self.dense_kernel})": split,
@@ -480,27 +557,29 @@ class DecodePlan:
         stages = {}
         if self.one_pass:
             stages["one pass (score + sample + gather)"] = lambda: self._one_pass(q, k_cache, v_cache, lengths, layer,
-                                                                                self.lse)
+                                                                                self.lse, pages)
             stages["merge"] = lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
             return stages
         if self._warp:
             if self._dense_plan is not None:
                 stages["dense (sequences shorter than santa_from)"] = lambda: self._dense_plan._dense(
-                    q, k_cache, v_cache, lengths, self.out)
+                    q, k_cache, v_cache, lengths, self.out, pages)
                 if self.santa_from > self.L_max:
                     return stages
-            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, santa_from=self.santa_from)
+            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages,
+                                                                      santa_from=self.santa_from)
             if self.finish_in_kernel:
-                stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
+                stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
+                                                                                    pages)
             else:
-                stages["sample + gather (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out)
+                stages["sample + gather (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out, pages)
                 stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n,
                                                       self.merge_stride)
             return stages
         if self.two_pass:
-            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths)
+            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages)
         stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(
-            q, k_cache, v_cache, lengths, layer, "fused", self._no_counts)
+            q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
         stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n, self.merge_stride)
         return stages
 
@@ -520,7 +599,7 @@ class DecodePlan:
             raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
 
     @interop.accepts_stream
-    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None):
+    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None):
         """The gather-add and merge stages alone: o from given sample counts [B, H, L_max] int32.
 
         For the global / largest_remainder budgets o = (1/S) sum_j c_j V_j; for fixed the tile-weighted
@@ -530,6 +609,7 @@ class DecodePlan:
 
         self._no_counts_for_one_pass("run_from_counts")
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        pages = self._page_args(block_table, k_cache)
         if not isinstance(counts, cupy.ndarray) or counts.dtype != cupy.int32 or \
                 counts.shape != (self.B, self.H, self.L_max) or not counts.flags.c_contiguous:
             raise ValueError(f"counts must be a C-contiguous cupy int32 array of shape "
@@ -540,24 +620,25 @@ class DecodePlan:
         out = self._output(out)
         self.rows_read.fill(0)
         if self.two_pass:
-            self._score_and_prefix(q, k_cache, lengths)
-        self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts)
+            self._score_and_prefix(q, k_cache, lengths, pages)
+        self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts, pages)
         self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
                     self.block_n)
         return out
 
-    def _dense(self, q, k_cache, v_cache, lengths, out):
-        """The split-KV kernel; v4 also merges (its last block per KV group), given the counters."""
+    def _dense(self, q, k_cache, v_cache, lengths, out, pages):
+        """The split-KV kernel; v4 also merges (its last block per KV group), given the counters.
+        pages: _page_args."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H), i32(self.KVH),
                 i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
         if self.dense_kernel == "mma":
             args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread,
                      i32(self.santa_from), self.rows_read)
-        kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args,
+        kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args + pages,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
-    def _score_and_prefix(self, q, k_cache, lengths, rows_read=None, santa_from=0):
+    def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0):
         """The score pass (stash and tile stats), then santa_prefix (the comb's cdf, lse, rows_read
         zeroed; the Hamilton allocation for the largest remainder budget). santa_from: the warp
         pipeline's dense fallback (shorter sequences skipped); rows_read: a scratch buffer for the
@@ -565,18 +646,18 @@ class DecodePlan:
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
-            kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s))
+            kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s, *pages))
         else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
             kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(santa_from)), smem)
+                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(santa_from), *pages), smem)
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
                         self.rows_read if rows_read is None else rows_read, i32(self.G), i32(santa_from)),
                        threads=kernels.PREFIX_THREADS)
 
-    def _tile_warp(self, v_cache, lengths, layer, out):
+    def _tile_warp(self, v_cache, lengths, layer, out, pages):
         """santa_tile_warp: one warp per run of tile_tpw tiles samples and gathers; with
         finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
         partials are santa_merge's."""
@@ -587,7 +668,7 @@ class DecodePlan:
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
                         self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
-                        i32(self.santa_from)), self._warp_smem)
+                        i32(self.santa_from), *pages), self._warp_smem)
 
     def _lse_hint(self, lse_hint):
         import cupy
@@ -600,7 +681,7 @@ class DecodePlan:
                              f"got {spec.describe(lse_hint)}")
         return lse_hint
 
-    def _one_pass(self, q, k_cache, v_cache, lengths, layer, hint):
+    def _one_pass(self, q, k_cache, v_cache, lengths, layer, hint, pages):
         """santa_one_pass: score, take rows by the hint's inclusion probabilities, gather; one
         partial per run of one_tpw tiles (santa_merge follows)."""
         i32, i64, u64, f32 = kernels.i32, kernels.i64, kernels.u64, kernels.f32
@@ -608,10 +689,10 @@ class DecodePlan:
         kernels.launch(self.kernels.one_pass, (self._warp_blocks(self.one_tpw), self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
                         i32(self.T_max), i32(self.one_tpw), i32(self.samples), u64(self.seed), self.step, i32(layer),
-                        hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read, self.drawn),
+                        hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read, self.drawn, *pages),
                        self._one_pass_smem)
 
-    def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts):
+    def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts, pages):
         K, i32, i64, u64, f32 = self.kernels, kernels.i32, kernels.i64, kernels.u64, kernels.f32
         rows_read = self.rows_read
         kernels.launch(K.tile, (self.T_max, self.KVH, self.B),
@@ -619,7 +700,7 @@ class DecodePlan:
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
                         i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
                         i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer), self.scores,
-                        self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read),
+                        self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read, *pages),
                        kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 
     def _warp_blocks(self, tpw):
@@ -661,7 +742,7 @@ class DecodePlan:
                              dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn)
 
     @interop.accepts_stream
-    def sample_counts(self, q, k_cache, lengths, *, layer=0):
+    def sample_counts(self, q, k_cache, lengths, *, layer=0, block_table=None):
         """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).
 
         Re-runs the score stage, so the stash and stats match the last ``run`` for the same inputs.
@@ -669,10 +750,11 @@ class DecodePlan:
         import cupy
 
         self._no_counts_for_one_pass("sample_counts")
-        q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths)
+        q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths, names=("q", "k_cache", "lengths"))
+        pages = self._page_args(block_table, k_cache)
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
         if self.two_pass:                  # the stash the fused run samples from
-            self._score_and_prefix(q, k_cache, lengths, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32))
-        self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts)
+            self._score_and_prefix(q, k_cache, lengths, pages, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32))
+        self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts, pages)
         return counts

@@ -1,5 +1,6 @@
-"""Paged KV caches (SPEC section 4; issue 18, step 1): the layout, the block table's validation and
-the NumPy reference path, which gathers pages into the contiguous cache and runs the reference.
+"""Paged KV caches (SPEC section 4): the layouts, the block table's validation, and the gather
+into the contiguous cache that the NumPy reference path runs on. Callers pass pages to
+``decode_attention(..., block_table=, page_layout=)`` or to a ``DecodePlan(page_size=)``.
 
 Layout "NHD" (FlashInfer's and vLLM's): k_pages, v_pages [num_pages, page_size, KVH, D]; "HND":
 [num_pages, KVH, page_size, D]. block_table [B, max_pages] int32: the page ids of sequence b in
@@ -7,7 +8,7 @@ order; lengths [B]. Row j of sequence b lives in page block_table[b, j // page_s
 j % page_size. Entries past ceil(lengths[b] / page_size) are ignored (any value), so tables may be
 padded; pages may be shared between sequences and listed in any order.
 
-The GPU kernels do not read pages yet (their one place for it is cuda/tile.cuh's cache_row).
+The GPU kernels read pages in place (cuda/tile.cuh, CacheRows: one page-table load per row).
 """
 
 from __future__ import annotations
@@ -85,20 +86,3 @@ def gather_pages(pages, block_table, lengths, max_length=None, layout="NHD"):
         j = np.arange(n)
         out[b, :n] = nhd[table[b, j // page_size], j % page_size]
     return out
-
-
-def decode_attention_paged(q, k_pages, v_pages, block_table, lengths, *, layout="NHD", max_length=None, **kw):
-    """santa_cupy.decode_attention on a paged cache, NumPy reference path: the pages gathered into
-    the contiguous cache, then the same call (kw: method, samples, sampler, budget, seed, step,
-    layer, scale, block_n, return_info, return_counts). Same outputs as the contiguous call on the
-    gathered cache, bit for bit."""
-    from santa_cupy.attention import decode_attention
-
-    if spec.is_cupy_array(q):
-        raise NotImplementedError("paged KV caches run on the NumPy reference only so far; the GPU kernels "
-                                  "read the contiguous cache [B, L_max, KVH, D]")
-    if page_shape(k_pages, layout) != page_shape(v_pages, layout):
-        raise ValueError(f"k_pages and v_pages must have the same shape, got {k_pages.shape} and {v_pages.shape}")
-    k = gather_pages(k_pages, block_table, lengths, max_length, layout)
-    v = gather_pages(v_pages, block_table, lengths, max_length, layout)
-    return decode_attention(q, k, v, lengths, **kw)

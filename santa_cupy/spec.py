@@ -189,6 +189,32 @@ def _check_shapes(q, k_cache, v_cache, lengths):
     return B, H, KVH, H // KVH, D, L_max
 
 
+def _check_page_shapes(q, k_pages, v_pages, lengths, layout, max_length):
+    """_check_shapes for page pools: (B, H, KVH, G, D, L_max) with L_max = max_length."""
+    from santa_cupy import paged
+
+    if q.ndim != 3 or lengths.ndim != 1:
+        raise ValueError(f"q must have rank 3 [B, H, D] and lengths rank 1 [B], got q {describe(q)}, "
+                         f"lengths {describe(lengths)}")
+    num_pages, page_size, KVH, kd = paged.page_shape(k_pages, layout)
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise ValueError(f"v_cache shape {tuple(v_pages.shape)} must equal k_cache shape {tuple(k_pages.shape)} "
+                         f"(page pools, {layout})")
+    B, H, D = q.shape
+    if kd != D:
+        raise ValueError(f"k_cache head dim {kd} must equal q head dim {D} (q shape {tuple(q.shape)})")
+    if tuple(lengths.shape) != (B,) or B < 1 or H < 1 or num_pages < 1:
+        raise ValueError(f"lengths must have shape ({B},) with B, H >= 1 and at least one page, got lengths "
+                         f"{describe(lengths)}, q {describe(q)}, k_cache {describe(k_pages)}")
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
+        raise ValueError(f"max_length must be an integer >= 1 for a paged cache, got {max_length!r}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim D (q.shape[2]) must be one of {HEAD_DIMS}, got {D}")
+    if KVH < 1 or H % KVH != 0 or H // KVH > MAX_G:
+        raise ValueError(f"q heads H={H} must be a multiple of the pages' KV heads KVH={KVH} with H/KVH <= {MAX_G}")
+    return B, H, KVH, H // KVH, D, int(max_length)
+
+
 def _check_dtypes(q, k_cache, v_cache, lengths, library) -> str:
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(
@@ -253,10 +279,15 @@ def validate_decode_inputs(
     xp=None,
     check_lengths=True,
     check_finite=True,
+    page_layout=None,
+    max_length=None,
 ) -> DecodeShape:
     """Check one decode-attention call; return its DecodeShape or raise ValueError/TypeError.
 
     Shapes: q [B, H, D], k_cache/v_cache [B, L_max, KVH, D] C-contiguous, lengths [B] integer.
+    ``page_layout`` "NHD" | "HND": k_cache/v_cache are page pools instead (santa_cupy/paged.py:
+    [num_pages, page_size, KVH, D] or [num_pages, KVH, page_size, D]) and L_max = ``max_length``,
+    the longest sequence the call serves; the block table is checked by paged.validate_block_table.
     ``check_lengths`` (1 <= lengths <= L_max) and ``check_finite`` (q has no NaN/inf) read the data;
     on CuPy arrays each is a device sync, so a plan may validate once and switch them off.
     ``xp`` is the array module; None picks it from the arrays.
@@ -271,8 +302,11 @@ def validate_decode_inputs(
     check_block_n(block_n)
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "lengths": lengths}
     library = _check_libraries(arrays)
-    _check_ranks(q, k_cache, v_cache, lengths)
-    B, H, KVH, G, D, L_max = _check_shapes(q, k_cache, v_cache, lengths)
+    if page_layout is None:
+        _check_ranks(q, k_cache, v_cache, lengths)
+        B, H, KVH, G, D, L_max = _check_shapes(q, k_cache, v_cache, lengths)
+    else:
+        B, H, KVH, G, D, L_max = _check_page_shapes(q, k_cache, v_cache, lengths, page_layout, max_length)
     dtype_name = _check_dtypes(q, k_cache, v_cache, lengths, library)
     _check_contiguous(arrays)
     resolved_scale = _resolve_scale(scale, D)

@@ -51,7 +51,7 @@ def test_paged_equals_contiguous(method, budget):
     rng = np.random.default_rng(5)
     q, kp, vp, table, lens = _paged_inputs(rng)
     kw = dict(method=method, budget=budget, samples=64, seed=3, return_info=True)
-    o, info = paged.decode_attention_paged(q, kp, vp, table, lens, **kw)
+    o, info = decode_attention(q, kp, vp, lens, block_table=table, **kw)
     k, v = paged.gather_pages(kp, table, lens), paged.gather_pages(vp, table, lens)
     o2, info2 = decode_attention(q, k, v, lens, **kw)
     assert np.array_equal(o, o2) and np.array_equal(info.lse, info2.lse)
@@ -70,7 +70,7 @@ def test_bad_tables_name_block_table_and_the_first_bad_entry(mutate, match):
     table, lens = table.copy(), lens.copy()
     mutate(table, lens)
     with pytest.raises(ValueError, match=match):
-        paged.decode_attention_paged(q, kp, vp, table, lens, max_length=16 * table.shape[1] + 1)
+        decode_attention(q, kp, vp, lens, block_table=table)
 
 
 def test_shapes_and_layouts_are_checked():
@@ -82,8 +82,12 @@ def test_shapes_and_layouts_are_checked():
         paged.page_shape(kp[0])
     with pytest.raises(ValueError, match="page_size"):
         paged.page_shape(np.zeros((2, 300, 2, 64), np.uint16))
-    with pytest.raises(ValueError, match="same shape"):
-        paged.decode_attention_paged(q, kp, vp[:-1], table, lens)
+    with pytest.raises(ValueError, match="must equal k_cache shape"):
+        decode_attention(q, kp, vp[:-1], lens, block_table=table)
+    with pytest.raises(ValueError, match="page_layout"):
+        decode_attention(q, kp, vp, lens, block_table=table, page_layout="nhd")
+    with pytest.raises(ValueError, match="block_table must be a 2-D"):
+        decode_attention(q, kp, vp, lens, block_table=table[0])
     with pytest.raises(ValueError, match="2-D integer"):
         paged.validate_block_table(table.astype(np.float32), lens, kp.shape[0], 16)
     with pytest.raises(ValueError, match="rows for"):
