@@ -204,13 +204,15 @@ struct MmaStepLoads {
 template <typename T, int D>
 __device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const CacheRows<T, D>& K, const CacheRows<T, D>& V,
                                               i64 b, i64 base, i64 row_end, int g, int gi, int t) {
+    const T* k0 = K.row(b, base, g);                 // one page-table lookup a step for each
+    const T* v0 = V.row(b, base, g);
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-        load_key_slice<T, D>(ld.k[j], K, b, base + 8 * j + gi, row_end, base, g, t);
+        load_key_slice<T, D>(ld.k[j], K, k0, b, base, base + 8 * j + gi, row_end, g, t);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const i64 key = base + 2 * t + (r & 1) + 8 * (r >> 1);
-        load_quads<D / 16>(ld.v[r], V.row(b, key < row_end ? key : base, g), gi, 8,
+        load_quads<D / 16>(ld.v[r], V.step_key(v0, b, base, key < row_end ? key : base, g), gi, 8,
                            key < row_end);
     }
 }

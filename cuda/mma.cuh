@@ -90,11 +90,13 @@ struct MmaQuery {
 };
 
 // Thread t's slice (MmaQuery) of key `key` into registers: zeros where key >= row_end, whose
-// address is formed from row `fallback` (a valid row) and not read.
+// address is formed from row step0 and not read. step0 = the first key of the key's 16-key step
+// (a multiple of 16, a row that exists) and base = K.row(b, step0, g): one page-table lookup a step
+// (CacheRows::step_key).
 template <typename T, int D>
-__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<T, D>& K, i64 b, i64 key,
-                                               i64 row_end, i64 fallback, int g, int t) {
-    load_quads<D / 8>(w, K.row(b, key < row_end ? key : fallback, g), t, 4, key < row_end);
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<T, D>& K, const T* base, i64 b,
+                                               i64 step0, i64 key, i64 row_end, int g, int t) {
+    load_quads<D / 8>(w, K.step_key(base, b, step0, key < row_end ? key : step0, g), t, 4, key < row_end);
 }
 
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
@@ -137,9 +139,10 @@ struct KeyRun {
     // Step 0 of the run's first tile (rows [row0, row_end)).
     __device__ __forceinline__ void start(const CacheRows<T, D>& K, i64 b, i64 row0, i64 row_end, int g, int gi,
                                           int tq) {
+        const T* base = K.row(b, row0, g);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-            load_key_slice<T, D>(kbuf[0][j], K, b, row0 + 8 * j + gi, row_end, row0, g, tq);
+            load_key_slice<T, D>(kbuf[0][j], K, base, b, row0, row0 + 8 * j + gi, row_end, g, tq);
     }
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
@@ -154,9 +157,11 @@ struct KeyRun {
             // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of the next.
             const bool last = st + 1 == NSTEP;
             const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
+            const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
+            const T* base = K.row(b, step0, g);
 #pragma unroll
             for (int j = 0; j < 2; ++j)
-                load_key_slice<T, D>(kbuf[cur ^ 1][j], K, b, key0 + 8 * j + gi, key_end, last ? next0 : row0, g, tq);
+                load_key_slice<T, D>(kbuf[cur ^ 1][j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 float s[4];

@@ -28,6 +28,18 @@ struct CacheRows {
         const i64 at = hnd ? (page * KVH + g) * page_size + slot : (page * page_size + slot) * KVH + g;
         return data + at * (i64)D;
     }
+
+    // A 16-key step (the tensor-core kernels' unit) that starts at a multiple of 16 lies in one
+    // page when page_size is a multiple of 16 (or the cache is contiguous): its rows are then
+    // step_row(base, key - j0) for base = row(b, j0, g), one table lookup a step.
+    __device__ __forceinline__ bool steps_in_page() const { return (page_size & 15) == 0; }
+    __device__ __forceinline__ const T* step_row(const T* base, i64 offset) const {
+        return base + offset * (i64)(page_size != 0 && hnd ? D : KVH * D);
+    }
+    // Row `key` of a step starting at j0 (base = row(b, j0, g) when steps_in_page()).
+    __device__ __forceinline__ const T* step_key(const T* base, i64 b, i64 j0, i64 key, int g) const {
+        return steps_in_page() ? step_row(base, key - j0) : row(b, key, g);
+    }
 };
 
 // The CacheRows of a cache pointer inside a kernel: T, D, L_max, KVH and the four page arguments
