@@ -89,6 +89,87 @@ __device__ __forceinline__ int seq_len(const int* lengths, i64 b, i64 L_max) {
     return n < 0 ? 0 : (n > L_max ? (int)L_max : n);
 }
 
+// ---- the dense kernel's split, balanced over the batch (decode_dense_*, santa_merge) ----------
+// Sequence b (clamped length n) gets s = clamp(floor(target * n / N), 1, min(max_splits,
+// ceil(n / 16))) splits of rows = 16 * ceil(ceil(n / s) / 16) rows, N = the summed lengths of the
+// sequences the dense kernel takes (those shorter than santa_from); an empty sequence gets one
+// split (it writes the empty result), one santa takes none. ceil(n / rows) <= s splits hold rows.
+// Equal lengths give target / B splits each (the plan's wave-fitted count: target = B * it); a
+// long sequence among short ones gets proportionally more blocks, so the grid's blocks (one per
+// (sequence, split) pair, in sequence order) carry about equal rows. Computed from the lengths on
+// the device by every block that needs it: no host sync, and graphs follow changing lengths.
+#define SC_ALL_DENSE 0x7fffffff     // santa_from of a dense plan: every sequence is the dense kernel's
+
+struct DenseSplit {
+    int splits, rows;
+};
+
+__device__ __forceinline__ i64 dense_rows_total(const int* lengths, int batch, i64 L_max, int santa_from) {
+    i64 total = 0;
+    for (int i = 0; i < batch; ++i) {
+        const int n = seq_len(lengths, i, L_max);
+        if (n < santa_from) total += n;
+    }
+    return total;
+}
+
+__device__ __forceinline__ DenseSplit dense_split(int n, i64 total, int target, int max_splits, int santa_from) {
+    if (n >= santa_from) return DenseSplit{0, 0};
+    if (n == 0) return DenseSplit{1, 16};
+    const int cap = min(max_splits, (n + 15) / 16);
+    const int s = (int)max((i64)1, min((i64)cap, (i64)target * n / total));
+    return DenseSplit{s, ((n + s - 1) / s + 15) / 16 * 16};
+}
+
+// ---- runs of tiles, balanced over the batch (santa_score_mma, santa_tile_warp, santa_merge) ----
+// The warp kernels give each warp a run of c consecutive tiles of BN rows; a sequence of T_b tiles
+// (0 for a dense fallback's: n_b < santa_from) has ceil(T_b / c) runs in ceil(runs / 4) blocks of 4
+// warps (an empty santa sequence one block, which writes its empty result). The plan fits
+// c_full to a batch of full sequences (B * T_max tiles, kernels.tiles_per_warp); the call takes
+// c = clamp(ceil(c_full * tiles / (B * T_max)), 1, c_full) for the tiles it holds, so that fewer or
+// shorter sequences get shorter runs rather than fewer warps, and a long sequence among short
+// ones gets as many warps as its tiles ask for. Blocks are numbered over the sequences in order;
+// there are at most ceil(B * T_max / (4 c_full)) + B of them a KV head.
+__device__ __forceinline__ int seq_tiles(int n, int BN, int T_max, int santa_from) {
+    return n < santa_from ? 0 : min(T_max, (n + BN - 1) / BN);
+}
+
+__device__ __forceinline__ int run_tiles(const int* lengths, int batch, i64 L_max, int BN, int T_max, int c_full,
+                                         int santa_from) {
+    i64 tiles = 0;
+    for (int i = 0; i < batch; ++i) tiles += seq_tiles(seq_len(lengths, i, L_max), BN, T_max, santa_from);
+    const i64 c = ((i64)c_full * tiles + (i64)batch * T_max - 1) / ((i64)batch * T_max);
+    return (int)max((i64)1, min((i64)c_full, c));
+}
+
+// Block x of a warp kernel's grid: its sequence b (-1 past the last block), the block's index
+// within the sequence and the run length c.
+__device__ __forceinline__ void run_block(const int* lengths, int batch, i64 L_max, int BN, int T_max, int c_full,
+                                          int santa_from, int x, int* b, int* block, int* c) {
+    *c = run_tiles(lengths, batch, L_max, BN, T_max, c_full, santa_from);
+    *b = -1;
+    for (int i = 0; i < batch; ++i) {
+        const int n = seq_len(lengths, i, L_max);
+        const int runs = (seq_tiles(n, BN, T_max, santa_from) + *c - 1) / *c;
+        const int blocks = n == 0 && n >= santa_from ? 1 : (runs + SC_NTHREADS / 32 - 1) / (SC_NTHREADS / 32);
+        if (x < blocks) { *b = i; *block = x; return; }
+        x -= blocks;
+    }
+}
+
+// The (sequence, split) of pair w of the grid (sequences in order, each its dense_split), or
+// b = -1 past the last pair.
+__device__ __forceinline__ void dense_pair(const int* lengths, int batch, i64 L_max, int target, int max_splits,
+                                           int santa_from, int w, int* b, int* split, int* rows) {
+    const i64 total = dense_rows_total(lengths, batch, L_max, santa_from);
+    *b = -1;
+    for (int i = 0; i < batch; ++i) {
+        const DenseSplit sp = dense_split(seq_len(lengths, i, L_max), total, target, max_splits, santa_from);
+        if (w < sp.splits) { *b = i; *split = w; *rows = sp.rows; return; }
+        w -= sp.splits;
+    }
+}
+
 // ---- warp helpers --------------------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

@@ -1,7 +1,8 @@
 // decode_dense.cu — exact split-KV decode attention (flash-decoding), the baseline and fallback.
 //
-// grid (n_splits, KVH, B), block SC_NTHREADS. Block (s, g, b) covers rows
-// [s*part_rows, min((s+1)*part_rows, n_b)) of KV head g for the G query heads of the group,
+// grid (pairs, KVH), block SC_NTHREADS. Block (w, g) takes the w-th (sequence b, split s) pair of
+// the batch (common.cuh: dense_pair, the split balanced over the sequences' lengths) and covers rows
+// [s*rows_b, min((s+1)*rows_b, n_b)) of KV head g for the G query heads of the group,
 // keeping an online softmax per head in the log2 domain (DenseState), one state per row group
 // (stream.cuh layout: D/8 lanes per row); the row groups are combined through shared memory at
 // the end. Outputs per (b, h, split): part_o[D] = sum_j 2^(s_j - m) V_j (unnormalised) and
@@ -134,7 +135,7 @@ __device__ __forceinline__ bool split_rows(const int* lengths, i64 b, i64 L_max,
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                     const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
+                     const int* __restrict__ lengths, float scale, int split_target, int batch, int H, int KVH,
                      i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
                      const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
@@ -143,10 +144,12 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
     constexpr int kRG = GQ::kRowGroups;
     constexpr int U = G <= 4 ? 4 : 2;           // rows per row group in flight (register budget)
     const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;  // (b, first head of group, split)
+    int b, split, part_rows;
+    dense_pair(lengths, batch, L_max, split_target, n_splits, SC_ALL_DENSE, blockIdx.x, &b, &split, &part_rows);
+    if (b < 0) return;
+    const i64 part = (b * H + (i64)g * G) * n_splits + split;      // (b, first head of group, split)
     i64 row_begin, row_end;
-    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
+    if (!split_rows(lengths, b, L_max, split, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
         return;
     const int rg = threadIdx.x / GQ::kThreadsPerRow, dg = threadIdx.x % GQ::kThreadsPerRow;
     const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache), V = SC_CACHE_ROWS(v_cache);
@@ -282,7 +285,7 @@ struct MmaDenseState {
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                 const int* __restrict__ lengths, float scale, int part_rows, int H, int KVH,
+                 const int* __restrict__ lengths, float scale, int split_target, int batch, int H, int KVH,
                  i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
                  int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
                  float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read,
@@ -298,18 +301,27 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, t = lane & 3;
     const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
-    const i64 part = (b * H + (i64)g * G) * n_splits + blockIdx.x;
     // santa_from: sequences this long or longer are the santa kernels' (a santa plan's short
-    // sequences run here; INT_MAX in a dense plan). rows_read [B, KVH]: the rows this kernel read.
-    if (seq_len(lengths, b, L_max) >= santa_from) return;
-    if (blockIdx.x == 0 && threadIdx.x == 0) rows_read[b * KVH + g] = seq_len(lengths, b, L_max);
-    if (self_merge && blockIdx.x == 0 && seq_len(lengths, b, L_max) == 0) {   // no split merges: o = 0, lse = -inf
+    // sequences run here; SC_ALL_DENSE in a dense plan): they have no pairs. rows_read [B, KVH]: the rows
+    // this kernel read.
+    int b0, split, part_rows;
+    dense_pair(lengths, batch, L_max, split_target, n_splits, santa_from, blockIdx.x, &b0, &split, &part_rows);
+    if (b0 < 0) return;
+    // The block's sequence and row count per split, re-read from shared memory where used: the
+    // step loop has no registers to spare (255; a register copy of them spilled 180 bytes).
+    __shared__ int pair_s[2];
+    if (threadIdx.x == 0) { pair_s[0] = b0; pair_s[1] = part_rows; }
+    __syncthreads();
+    volatile int* pair_v = pair_s;
+    const i64 b = b0;
+    const i64 part = (b * H + (i64)g * G) * n_splits + split;
+    if (split == 0 && threadIdx.x == 0) rows_read[b * KVH + g] = seq_len(lengths, b, L_max);
+    if (self_merge && split == 0 && seq_len(lengths, b, L_max) == 0) {   // no split merges: o = 0, lse = -inf
         if (warp == 0) write_empty_heads<T, D>(out, lse, spread, b * H + (i64)g * G, G);
         return;
     }
     i64 row_begin, row_end;
-    if (!split_rows(lengths, b, L_max, blockIdx.x, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
+    if (!split_rows(lengths, b, L_max, split, part_rows, G, part_s, part, n_splits, &row_begin, &row_end))
         return;
 
     MmaQuery<T, D, G> mq;                   // Q as A fragments (rows gi and gi + 8 = heads)
@@ -326,12 +338,12 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     if (base < row_end) mma_step_load<T, D>(bufA, K, V, b, base, row_end, g, gi, t);
     while (base < row_end) {
         if (base + kStep < row_end)
-            mma_step_load<T, D>(bufB, K, V, b, base + kStep, row_end, g, gi, t);
+            mma_step_load<T, D>(bufB, K, V, pair_v[0], base + kStep, row_end, g, gi, t);
         st.step(mq, bufA, base, row_end, mult, t);
         base += kStep;
         if (base >= row_end) break;
         if (base + kStep < row_end)
-            mma_step_load<T, D>(bufA, K, V, b, base + kStep, row_end, g, gi, t);
+            mma_step_load<T, D>(bufA, K, V, pair_v[0], base + kStep, row_end, g, gi, t);
         st.step(mq, bufB, base, row_end, mult, t);
         base += kStep;
     }
@@ -369,18 +381,18 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     // one round trip; more, the whole block per head, 32 splits a warp and round trip. One launch
     // instead of two: the plan asks for it up to kernels.DENSE_SELF_MERGE_MAX_SPLITS (32) splits a
     // group, where it measured faster than santa_merge's launch (docs/history/BENCHMARKS-journal.md, steps 9, 11, 13).
-    const int n = seq_len(lengths, b, L_max);
-    const int active = (n + part_rows - 1) / part_rows;
-    if (!block_arrives_last(merge_counters + b * KVH + g, (unsigned)active)) return;
+    const i64 bm = pair_v[0];
+    const int active = (seq_len(lengths, bm, L_max) + pair_v[1] - 1) / pair_v[1];
+    if (!block_arrives_last(merge_counters + bm * KVH + g, (unsigned)active)) return;
     if (active <= 32) {
         for (int h = warp; h < G; h += kWarps) {
-            const i64 bh = b * H + (i64)g * G + h;
+            const i64 bh = bm * H + (i64)g * G + h;
             warp_merge_dense_head<T, D>(part_o + bh * n_splits * D, part_s + bh * n_splits, active, bh, out, lse,
                                         spread);
         }
     } else {
         for (int h = 0; h < G; ++h) {                       // the combine's shared memory is free
-            const i64 bh = b * H + (i64)g * G + h;
+            const i64 bh = bm * H + (i64)g * G + h;
             block_merge_dense_head<T, D, kWarps>(part_o + bh * n_splits * D, part_s + bh * n_splits, active, bh, out,
                                                  lse, spread, acc_s);
         }

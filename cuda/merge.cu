@@ -1,7 +1,8 @@
 // merge.cu — merge per-part partials into the attention output, its log-sum-exp and spread.
 //
-// grid (H, B), block SC_MERGE_THREADS (below). Parts are dense splits (part_rows = rows per split) or santa
-// tiles (part_rows = BN); sequence b has ceil(n_b / part_rows) of them. part_s = (m, l, m2, q2).
+// grid (H, B), block SC_MERGE_THREADS (below). Parts are dense splits (split_target > 0: rows per split
+// from common.cuh's dense_split, as decode_dense_* split them) or santa tiles / runs (part_rows rows
+// each); sequence b has ceil(n_b / part_rows) of them. part_s = (m, l, m2, q2).
 // kind 0 dense:  o = sum_p e^(m_p - m*) part_o_p / Z,           Z = sum_p e^(m_p - m*) l_p
 // kind 1 fixed:  o = sum_t (W_t/Z) part_o_t / S_t,             S_t = max(1, S // T_b)
 //                var = sum_t (W_t/Z)^2 (m2_t - q2_t / S_t) / S_t^2
@@ -51,8 +52,8 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 template <typename T, int D, int U>
 __global__ void __launch_bounds__(SC_MERGE_THREADS)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
-            i64 L_max, int H, int part_rows, int P_max, int o_stride, int kind, int samples, T* __restrict__ out,
-            float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
+            i64 L_max, int H, int part_rows, int split_target, int P_max, int o_stride, int kind, int samples,
+            T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     if (seq_len(lengths, blockIdx.y, L_max) < santa_from) return;   // a santa plan's dense fallback wrote it
@@ -64,7 +65,13 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
     const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 b = blockIdx.y;
     const i64 bh = b * H + h;
-    const int n_parts = (seq_len(lengths, b, L_max) + part_rows - 1) / part_rows;
+    const int n = seq_len(lengths, b, L_max);
+    if (split_target > 0)                 // a dense plan's splits (its sequences are all the dense kernel's)
+        part_rows = dense_split(n, dense_rows_total(lengths, gridDim.y, L_max, SC_ALL_DENSE), split_target, P_max,
+                                SC_ALL_DENSE).rows;
+    const int n_parts = (n + part_rows - 1) / part_rows;
+    // the warp pass 2's run length for these lengths (o_stride: the plan's, for full sequences)
+    if (o_stride > 1) o_stride = run_tiles(lengths, gridDim.y, L_max, part_rows, P_max, o_stride, santa_from);
     const float4* st = part_s + bh * P_max;
     const float* po = part_o + bh * P_max * D;
 

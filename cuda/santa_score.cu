@@ -68,9 +68,9 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 }
 
 // v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per run of consecutive tiles, no
-// block-level sync: grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B); warp w of block x takes
-// chunk c = 4x + w, i.e. tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) that are < T_max and
-// start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
+// block-level sync: grid (blocks of the batch's runs, KVH) (common.cuh run_block: runs of c tiles,
+// c from tiles_per_warp and the lengths); warp w of the sequence's block k takes run r = 4k + w,
+// i.e. tiles [r * c, (r + 1) * c) that start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
 // decode_dense_mma); each step's scores go straight to the stash and into per-thread online
 // (m, l) (OnlineStats), combined over the 4 threads of a group at the tile's end into part_s.
 // K goes through two register buffers by a step counter that runs across the warp's tiles:
@@ -130,7 +130,8 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const CacheRo
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
-                float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, float* __restrict__ scores,
+                float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, int batch,
+                float* __restrict__ scores,
                 float4* __restrict__ part_s, int santa_from,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
@@ -139,12 +140,17 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     const int warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
+    // block x: its sequence's block `blk`, runs of c tiles (common.cuh run_block; tiles_per_warp is
+    // the plan's run length for full sequences). A sequence shorter than santa_from is
+    // decode_dense_mma's (a santa plan's dense fallback): no tiles here.
+    int b32, blk, c;
+    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.x, &b32, &blk, &c);
+    if (b32 < 0) return;
+    const i64 b = b32;
     const int n = seq_len(lengths, b, L_max);
-    // a sequence shorter than santa_from is decode_dense_mma's (a santa plan's dense fallback)
-    const int n_tiles = n < santa_from ? 0 : min(T_max, (n + BN - 1) / BN);
-    const int t_begin = (int)(blockIdx.x * (SC_NTHREADS / 32) + warp) * tiles_per_warp;
-    const int t_end = min(t_begin + tiles_per_warp, n_tiles);
+    const int n_tiles = seq_tiles(n, BN, T_max, santa_from);
+    const int t_begin = (blk * (SC_NTHREADS / 32) + warp) * c;
+    const int t_end = min(t_begin + c, n_tiles);
     if (t_begin < t_end)                                 // whole warp
         score_run<T, D, BN, G>(q, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g,
                                       b * H + (i64)g * G, scores, part_s);

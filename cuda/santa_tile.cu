@@ -164,8 +164,9 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // accumulators of the tile, staged through shared memory likewise, or staged and added on tensor
 // cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
 // non-finite value marks a NaN/inf score: that head draws nothing and its o is NaN).
-// grid (ceil(ceil(T_max / tiles_per_warp) / 4), KVH, B), block SC_NTHREADS; warp w of block x
-// takes chunk c = 4x + w, tiles [c * tiles_per_warp, (c + 1) * tiles_per_warp) of its sequence.
+// grid (blocks of the batch's runs, KVH), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
+// c from tiles_per_warp and the lengths, as in santa_score_mma); warp w of its sequence's block k
+// takes run r = 4k + w, tiles [r * c, (r + 1) * c).
 // Sequences shorter than santa_from belong to decode_dense_mma (the plan's dense fallback).
 // Every budget's estimate is a weighted sum over tiles; the warp sums its run:
 //   global / largest_remainder: sum c V and m2 = sum c ||V||^2 (o = sum / S).
@@ -180,7 +181,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 //     5.9 for partials + santa_merge).
 //   !kFinish: the run's partial in its first tile's slots, part_o[b, h, t0, :] = sum and part_s.zw
 //     = (m2, ||sum||^2) (pass 1's (m, l) in .xy stay for the merge's log-sum-exp); a run without
-//     comb points writes nothing and santa_merge (o_stride = tiles_per_warp, kind sum / weighted)
+//     comb points writes nothing and santa_merge (o_stride = c, kind sum / weighted)
 //     skips it. Faster with many groups (B=16 32k: 69 + 9 us against 86 for finish 1).
 // A sequence of length 0 (santa_from 0): o = 0, lse = -inf, spread = 0, rows_read = 0.
 // The run's sums live in shared memory (each lane its own D/32 slice per head, or the mma
@@ -391,7 +392,7 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
 template <typename T, int D, int BN, int G, int kGather, bool kFinish>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
-                int T_max, int tiles_per_warp, int budget, int samples, u64 seed, const i64* __restrict__ step,
+                int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
                 int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
@@ -404,12 +405,22 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     constexpr int kWarps = SC_NTHREADS / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = blockIdx.y;
-    const i64 b = blockIdx.z;
+    // block x: its sequence's block `blk`, runs of c tiles (common.cuh run_block, as the score pass);
+    // sequences shorter than santa_from are decode_dense_mma's and have no blocks here
+    int b32, blk, c;
+    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.x, &b32, &blk, &c);
+    if (b32 < 0) return;
+    // the sequence, re-read from shared memory in the gathers and after the loop: a register copy
+    // spilled (the kernel is capped at 128 registers)
+    __shared__ int seq_s;
+    if (threadIdx.x == 0) seq_s = b32;
+    __syncthreads();
+    const volatile int& seq_v = seq_s;
+    const i64 b = b32;
     const int n = seq_len(lengths, b, L_max);
-    if (n < santa_from) return;                                // decode_dense_mma's sequence
     const int n_tiles = (n + BN - 1) / BN;
-    const int t0 = (blockIdx.x * kWarps + warp) * tiles_per_warp;
-    const int t_end = min(t0 + tiles_per_warp, n_tiles);
+    const int t0 = (blk * kWarps + warp) * c;
+    const int t_end = min(t0 + c, n_tiles);
     const i64 head0 = b * H + (i64)g * G;
     const CacheRows<T, D> V = SC_CACHE_ROWS(v_cache);
     if (n_tiles == 0 && t0 == 0) {                             // an empty sequence: o = 0, lse = -inf
@@ -417,8 +428,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         if (lane == 0) rows_read[b * KVH + g] = 0;
     }
     // blocks with work: those whose first warp owns a tile (an empty sequence has none)
-    const unsigned blocks = (unsigned)((n_tiles + kWarps * tiles_per_warp - 1) / (kWarps * tiles_per_warp));
-    if (blockIdx.x >= blocks) return;                          // whole block
+    const unsigned blocks = (unsigned)((n_tiles + kWarps * c - 1) / (kWarps * c));
+    if (blk >= blocks) return;                                 // whole block (an empty sequence)
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
@@ -515,7 +526,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             // counts exact in T: no head draws more than kMaxCount points here (n bounds a count)
             if (__ballot_sync(0xffffffffu, lane < G && my.n > MmaGather<T, D, BN, G>::kMaxCount) == 0u) {
                 MmaGather<T, D, BN, G> mg;
-                mg.run(cnt, rows, nsel, stage, V, b, row0, g);
+                mg.run(cnt, rows, nsel, stage, V, seq_v, row0, g);
                 // thread (gi, t) holds dims mt*16 + gi (+ 8) of heads 2t, 2t + 1 (gather_mma.cuh)
                 const int gi = lane >> 2, tq = lane & 3;
                 float q2[2] = {0.f, 0.f};        // this thread's part of ||sum c V||^2, heads 2t, 2t + 1
@@ -554,9 +565,9 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
         if constexpr (kGather != SC_GATHER_REGS)
-            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, b, row0, g);
+            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, seq_v, row0, g);
         else
-            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, V, b, row0, g);
+            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, V, seq_v, row0, g);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             const float w = __shfl_sync(0xffffffffu, my_w, h);
@@ -577,7 +588,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const float m2 = warp_sum(m2p[h]);
         if (lane == 0) m2_w[h] = m2;
     }
-    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
+    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[(i64)seq_v * KVH + g], rows_total);
     if constexpr (!kFinish) {                // the run's partial in t0's slots; santa_merge follows
         if (rows_total == 0) return;         // no comb point: part_s[., t0].zw stay pass 1's zeros
 #pragma unroll
@@ -604,7 +615,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // The block's 4 runs summed, then added into one of SC_ACC_COPIES copies of the call's
     // accumulators (by block: fewer atomics on each address); exact zeros (no point) are skipped.
     __syncthreads();
-    const i64 copy_stride = (i64)gridDim.z * H * (D + 1);
+    const i64 copy_stride = (i64)batch * H * (D + 1);
     float* copy = acc + (i64)(blockIdx.x % SC_ACC_COPIES) * copy_stride;
     const float* sums_all = reinterpret_cast<const float*>(smem) + kWarps * (G * BN + BN);
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
@@ -617,12 +628,12 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         float x = 0.f;                                         // warp w's m2_w: after its cnt [G][BN]
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) x += reinterpret_cast<const float*>(smem)[w * (G * BN + BN) + G * BN + h];
-        if (x != 0.f) atomicAdd(copy + (i64)gridDim.z * H * D + head0 + h, x);
+        if (x != 0.f) atomicAdd(copy + (i64)batch * H * D + head0 + h, x);
     }
     // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
-    if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
+    if (!block_arrives_last(arrive + (i64)seq_v * KVH + g, blocks)) return;
     for (int h = warp; h < G; h += kWarps)
-        finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)gridDim.z * H * D + head0 + h, copy_stride,
+        finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride,
                           fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,
                           spread + head0 + h);
 }

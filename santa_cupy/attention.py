@@ -332,7 +332,7 @@ class DecodePlan:
             self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
         self.dense_merges_itself = False
         if method == "dense":
-            self.part_rows, self.P_max = self._dense_splits()
+            self.part_rows, self.P_max, self.split_target, self.dense_pairs = self._dense_splits()
             # v4 dense merges in its own last block per KV group (one launch) where a group has few
             # splits; a counter per (b, KV head), zero between launches
             self.dense_merges_itself = (self.dense_kernel == "mma"
@@ -426,17 +426,27 @@ class DecodePlan:
         return kernels.tiles_per_warp(self.T_max, self.B * self.KVH, slots)
 
     def _dense_splits(self):
-        """(rows per split, splits) over the longest sequence the kernel handles (L_max, or a santa
-        plan's dense fallback's): whole waves of resident blocks over B * KVH * splits, splits of
-        >= 256 rows (kernels.wave_fitted_parts), or DecodePlan(dense_splits=N); rows a multiple of
-        16, so at most that many splits."""
+        """(part_rows, P_max, split_target, pairs) of the dense kernel.
+
+        A batch of equal lengths (the longest the kernel handles: L_max, or a santa plan's dense
+        fallback's) takes ``splits`` splits of ``part_rows`` rows a sequence: whole waves of resident
+        blocks over B * KVH * splits, splits of >= 256 rows (kernels.wave_fitted_parts), or
+        DecodePlan(dense_splits=N); rows a multiple of 16, so at most that many splits. The kernel
+        balances other lengths on the device (cuda/common.cuh dense_split): split_target = B *
+        splits blocks a KV head shared in proportion to the lengths, at most P_max splits a
+        sequence (the workspaces' count: up to the self-merge's cap when the split is automatic,
+        ``splits`` when forced); the grid has ``pairs`` blocks a KV head, enough for any lengths."""
         longest = self._dense_rows
         splits = self._forced_dense_splits or self._wave_fitted_dense_splits()
         if longest < self.L_max:             # a santa plan's fallback: it must merge in its last block
             splits = min(splits, kernels.DENSE_SELF_MERGE_MAX_SPLITS)
         rows = -(-longest // splits)
         rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
-        return rows, -(-longest // rows)
+        splits = -(-longest // rows)
+        target = self.B * splits
+        P_max = splits if self._forced_dense_splits else min(
+            target, max(splits, kernels.DENSE_SELF_MERGE_MAX_SPLITS), -(-longest // 16))
+        return rows, P_max, target, min(target + self.B, self.B * P_max)
 
     def _wave_fitted_dense_splits(self):
         import cupy
@@ -476,7 +486,7 @@ class DecodePlan:
         if self.method == "dense":
             self._dense(q, k_cache, v_cache, lengths, out, pages)
             if not self.dense_merges_itself:
-                self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows)
+                self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows, split_target=self.split_target)
             return out
         if self.one_pass:
             self._one_pass(q, k_cache, v_cache, lengths, layer, self._lse_hint(lse_hint), pages)
@@ -553,7 +563,8 @@ class DecodePlan:
             if self.dense_merges_itself:
                 return {f"dense split-KV + merge ({self.dense_kernel})": split}
             return {f"dense split-KV ({self.dense_kernel})": split,
-                    "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows)}
+                    "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows,
+                                                 split_target=self.split_target)}
         stages = {}
         if self.one_pass:
             stages["one pass (score + sample + gather)"] = lambda: self._one_pass(q, k_cache, v_cache, lengths, layer,
@@ -630,12 +641,12 @@ class DecodePlan:
         """The split-KV kernel; v4 also merges (its last block per KV group), given the counters.
         pages: _page_args."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.part_rows), i32(self.H), i32(self.KVH),
-                i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
+        args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.split_target), i32(self.B), i32(self.H),
+                i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
         if self.dense_kernel == "mma":
             args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread,
                      i32(self.santa_from), self.rows_read)
-        kernels.launch(self._dense_fn, (self.P_max, self.KVH, self.B), args + pages,
+        kernels.launch(self._dense_fn, (self.dense_pairs, self.KVH), args + pages,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
     def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0):
@@ -649,8 +660,9 @@ class DecodePlan:
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s, *pages))
         else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
-            kernels.launch(kernel, (self._warp_blocks(self.score_tpw), self.KVH, self.B),
-                           (*common, i32(self.score_tpw), self.scores, self.part_s, i32(santa_from), *pages), smem)
+            kernels.launch(kernel, (self._run_blocks(self.score_tpw), self.KVH),
+                           (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
+                            *pages), smem)
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
@@ -662,9 +674,9 @@ class DecodePlan:
         finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
         partials are santa_merge's."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self._warp_blocks(self.tile_tpw), self.KVH, self.B),
+        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self._run_blocks(self.tile_tpw), self.KVH),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                        i32(self.tile_tpw), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
+                        i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
                         self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
@@ -707,12 +719,20 @@ class DecodePlan:
         """Blocks (of THREADS // 32 warps) over the runs of tpw tiles of one (sequence, KV head)."""
         return -(-(-(-self.T_max // tpw)) // (kernels.THREADS // 32))
 
-    def _merge(self, lengths, out, kind, part_rows, o_stride=1):
-        """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles)."""
+    def _run_blocks(self, tpw):
+        """Grid x of santa_score_mma and santa_tile_warp: blocks of the batch's runs a KV head, whose
+        run length the kernels fit to the lengths (cuda/common.cuh run_block; tpw = the plan's for
+        full sequences): at most ceil(B * T_max / (4 tpw)) + B."""
+        return -(-self.B * self.T_max // (kernels.THREADS // 32 * tpw)) + self.B
+
+    def _merge(self, lengths, out, kind, part_rows, o_stride=1, split_target=0):
+        """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles);
+        split_target > 0: a dense plan's splits (part_rows per sequence from the lengths, as the
+        dense kernel split them)."""
         i32 = kernels.i32
         kernels.launch(self._merge_fn, (self.H, self.B),
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
-                        i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread,
+                        i32(split_target), i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread,
                         i32(self.santa_from if self.method == "santa" else 0)), threads=kernels.MERGE_THREADS)
 
     def _int32_lengths(self, lengths):

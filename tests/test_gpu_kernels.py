@@ -554,3 +554,43 @@ def test_dense_forced_splits_match_reference(splits, D, heads):
     o = plan.run(*to_gpu(q, k, v, lens))
     ref_o, _ = reference.dense_attention(q, k, v, lens)
     assert rel_l2(as_float32(o), ref_o) < DENSE_TOL["bfloat16"]
+
+
+@pytest.mark.parametrize("KVH", [2, 16])          # the warp pass 2 finishing o itself / santa_merge after it
+def test_ragged_batch_splits_follow_the_lengths(KVH):
+    """One long sequence among short ones in a cache of larger capacity: the dense kernel's split
+    and the warp kernels' run length come from the lengths on the device (cuda/common.cuh
+    dense_split, run_block). Dense matches the reference; santa's runs (c < tiles_per_warp here)
+    give the same rows and output as single-tile runs; a graph replayed over new lengths follows."""
+    import cupy
+    rng = np.random.default_rng(KVH)
+    lengths = [9000, 130, 1, 700, 0, 64]
+    L_max, G, D = 12000, 4, 128
+    q, k, v, lens = random_inputs(rng, 6, G * KVH, KVH, D, L_max, lengths, "bfloat16", peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    dense = santa_cupy.DecodePlan(batch=6, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, method="dense")
+    ref_o, _ = reference.dense_attention(q, k, v, lens)
+    o = as_float32(dense.run(*args))
+    live = lens > 0
+    assert rel_l2(o[live], ref_o[live]) < DENSE_TOL["bfloat16"] and not o[~live].any()
+    res = []
+    for tpw in (8, 1):                 # 8: the kernels take c = ceil(8 * 81 tiles / (6 * 94)) = 2
+        plan = _poisoned_plan(batch=6, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, samples=128,
+                              santa_min_length=0, seed=3, tiles_per_warp=tpw)
+        assert plan.tile_tpw == tpw
+        res.append((as_float32(plan.run(*args)), plan.rows_read.get()))
+    assert np.array_equal(res[0][1], res[1][1])
+    assert rel_l2(res[0][0], res[1][0]) < 1e-5
+    # a captured dense graph over other lengths: the split follows them
+    qg, kg, vg, lg = args
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        dense.run(qg, kg, vg, lg, validate=False)
+        graph = stream.end_capture()
+    for new in ([1, 11999, 5, 5, 5, 5], [3000] * 6):
+        lg.set(np.asarray(new, np.int32), stream=stream)
+        graph.launch(stream)
+        stream.synchronize()
+        want, _ = reference.dense_attention(q, k, v, np.asarray(new, np.int32))
+        assert rel_l2(as_float32(dense.out), want) < DENSE_TOL["bfloat16"], new
