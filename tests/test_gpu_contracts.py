@@ -135,7 +135,9 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     os_ = as_float32(santa.run(qg, kg, vg, lg))
     short = [1, 3, 5]
     long = [0, 2, 4]
-    assert rel_l2(o[short], od[short]) < 1e-5
+    # each dense split is balanced over its own sequences (the fallback's: the short ones only), so
+    # the float32 sums run in another order: a few bf16 roundings of o flip
+    assert rel_l2(o[short], od[short]) < 5e-4
     assert np.array_equal(rows[short], np.repeat(lens[short][:, None], 2, axis=1))
     assert np.allclose(lse[short[:2]], dense.lse.get()[short[:2]], rtol=1e-6, atol=1e-6)
     assert np.all(np.isneginf(lse[5])) and not o[5].any()
