@@ -22,7 +22,8 @@ struct CacheRows {
     __device__ __forceinline__ const T* row(i64 b, i64 j, int g) const {
         if (page_size == 0) return data + ((b * L_max + j) * (i64)KVH + g) * (i64)D;
         const unsigned jj = (unsigned)j, ps = (unsigned)page_size;
-        const unsigned slot_page = jj / ps;
+        // a power-of-two page size (the common ones) by a shift, not a division
+        const unsigned slot_page = (ps & (ps - 1)) == 0 ? jj >> (__ffs(ps) - 1) : jj / ps;
         const i64 page = __ldg(table + b * table_stride + slot_page);
         const i64 slot = (i64)(jj - slot_page * ps);
         const i64 at = hnd ? (page * KVH + g) * page_size + slot : (page * page_size + slot) * KVH + g;

@@ -44,3 +44,7 @@ def test_torch_example():
 
 def test_jax_example():
     _run("jax_example.py", needs=("jax",))
+
+
+def test_paged_example():
+    _run("paged_example.py")
