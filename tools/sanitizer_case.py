@@ -48,6 +48,28 @@ for runs in (1, 3):
                    block_n=64, tiles_per_warp=runs)
     p.run(q, k, v, lengths)
     p.run(q, k, v, lengths)
+# paged caches (shuffled pages, page sizes on and off the 16-key step path, both layouts) and a
+# santa plan with a dense fallback (the balanced dense split over the short sequences only)
+for page_size, layout in ((16, "NHD"), (24, "HND"), (1, "NHD")):
+    need = -(-lengths.get() // page_size)
+    ids = rng.permutation(int(need.sum()) + 2).astype(np.int32)
+    table = np.full((B, int(need.max()) + 1), -1, np.int32)
+    at = 0
+    for b_, n_ in enumerate(need):
+        table[b_, :n_] = ids[at:at + n_]
+        at += n_
+    shape = (len(ids), page_size, KVH, D) if layout == "NHD" else (len(ids), KVH, page_size, D)
+    kp = cupy.asarray(spec.from_float32(rng.standard_normal(shape).astype(np.float32), "bfloat16", np))
+    vp = cupy.asarray(spec.from_float32(rng.standard_normal(shape).astype(np.float32), "bfloat16", np))
+    gt = cupy.asarray(table)
+    for kw in (dict(method="dense"), dict(samples=40, santa_min_length=0, block_n=64),
+               dict(samples=40, budget="fixed", santa_min_length=0, block_n=64),
+               dict(samples=40, sampler="iid", santa_min_length=0, block_n=64)):
+        decode_attention(q, kp, vp, lengths, block_table=gt, page_layout=layout, **kw)
+    decode_attention(q, kp, vp, lengths, block_table=gt, page_layout=layout, samples=40, budget="one_pass",
+                     block_n=64, lse_hint=cupy.zeros((B, H), cupy.float32))
+DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
+           santa_min_length=100).run(q, k, v, lengths)
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
 from santa_cupy import decoder_ops  # noqa: E402
 x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))
