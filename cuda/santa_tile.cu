@@ -410,8 +410,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     int b32, blk, c;
     run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.x, &b32, &blk, &c);
     if (b32 < 0) return;
-    // the sequence, re-read from shared memory in the gathers and after the loop: a register copy
-    // spilled (the kernel is capped at 128 registers)
+    // the sequence, re-read from shared memory after the tile loop (the kernel is capped at 128
+    // registers; the loop keeps b)
     __shared__ int seq_s;
     if (threadIdx.x == 0) seq_s = b32;
     __syncthreads();
@@ -526,7 +526,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             // counts exact in T: no head draws more than kMaxCount points here (n bounds a count)
             if (__ballot_sync(0xffffffffu, lane < G && my.n > MmaGather<T, D, BN, G>::kMaxCount) == 0u) {
                 MmaGather<T, D, BN, G> mg;
-                mg.run(cnt, rows, nsel, stage, V, seq_v, row0, g);
+                mg.run(cnt, rows, nsel, stage, V, b, row0, g);
                 // thread (gi, t) holds dims mt*16 + gi (+ 8) of heads 2t, 2t + 1 (gather_mma.cuh)
                 const int gi = lane >> 2, tq = lane & 3;
                 float q2[2] = {0.f, 0.f};        // this thread's part of ||sum c V||^2, heads 2t, 2t + 1
@@ -565,9 +565,9 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
         if constexpr (kGather != SC_GATHER_REGS)
-            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, seq_v, row0, g);
+            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, b, row0, g);
         else
-            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, V, seq_v, row0, g);
+            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, V, b, row0, g);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             const float w = __shfl_sync(0xffffffffu, my_w, h);
