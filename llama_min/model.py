@@ -227,6 +227,7 @@ class PagedKVCache(KVCache):
         self.table = np.zeros((batch, self.max_pages), np.int32)
         self.block_table = self.table if xp is np else xp.zeros((batch, self.max_pages), xp.int32)
         self.pages_held = np.zeros(batch, np.int64)
+        self._run_start = None                       # read()'s view: first page of batch 1's ascending run
 
     def _storage_shape(self, batch, max_len, kvh, head_dim):
         return (self.num_pages, self.page_size, kvh, head_dim)
@@ -249,7 +250,7 @@ class PagedKVCache(KVCache):
             for b in np.nonzero(self.pages_held <= j)[0]:
                 self.table[b, j] = self.allocator.alloc(1)[0]
                 self.pages_held[b] = j + 1
-        self._upload()
+        self._table_changed()
 
     def _upload(self):
         """The host table into the device block table, in place, ordered on the current stream."""
@@ -280,14 +281,26 @@ class PagedKVCache(KVCache):
         self.v[layer][pages, slots] = v
 
     def read(self, layer: int, n: int):
+        """(k, v) [B, used pages * page_size, KVH, D]: a view of the pools where the sequence's pages
+        are one ascending run (batch 1, the allocator's order: generate's case), else the pages
+        gathered (a copy; ~33 µs a layer and array at 1k rows of SmolLM2-135M on the CPU)."""
         used = -(-int(n) // self.page_size)
         if used > self.pages_held.min():
             raise ValueError(f"KV cache rows up to {n - 1} are not in the block table (reserve them first)")
+        shape = (self.batch, used * self.page_size) + self.k[layer].shape[2:]
+        if self._run_start is not None:                                 # pages run_start .. + used - 1
+            run = slice(self._run_start, self._run_start + used)
+            return self.k[layer][run].reshape(shape), self.v[layer][run].reshape(shape)
         ids = self.block_table[:, :used]                                # [B, used]
+        return self.k[layer][ids].reshape(shape), self.v[layer][ids].reshape(shape)
 
-        def gather(pool):
-            return pool[ids].reshape(self.batch, used * self.page_size, *pool.shape[2:])
-        return gather(self.k[layer]), gather(self.v[layer])
+    def _table_changed(self):
+        """After the host table changed: its run (batch 1, pages ascending by one) and the upload."""
+        held = int(self.pages_held[0])
+        row = self.table[0, :held]
+        ascending = self.batch == 1 and held > 0 and bool(np.all(np.diff(row) == 1))
+        self._run_start = int(row[0]) if ascending else None
+        self._upload()
 
     def reset(self):
         super().reset()
@@ -295,7 +308,7 @@ class PagedKVCache(KVCache):
             self.allocator.release(self.table[b, :self.pages_held[b]])
         self.table[...] = 0
         self.pages_held[...] = 0
-        self._upload()
+        self._table_changed()
 
 
 class LlamaModel:

@@ -99,6 +99,18 @@ def test_paged_rows_are_what_santa_cupy_paged_gathers(tiny):
         np.testing.assert_array_equal(v_rows[:, :n], c.v[layer][:, :n])
 
 
+def test_read_is_a_view_for_one_ascending_run_else_a_gather(tiny):
+    """Batch 1 in the allocator's order (generate's case) reads the pools through a view, as the
+    contiguous cache reads its arrays; a shuffled pool or a batch of 2 gathers the pages."""
+    model, cfg = tiny
+    for batch, seed, view in ((1, None, True), (1, 3, False), (2, None, False)):
+        cache = model.new_cache(batch, 30, page_size=4, page_seed=seed)
+        model.prefill(_tokens(cfg, batch, 13, 0, seed=6)[0], cache)
+        k, v = cache.read(1, 13)
+        assert k.shape == v.shape == (batch, 16, 2, 64)
+        assert np.shares_memory(k, cache.k[1]) == np.shares_memory(v, cache.v[1]) == view
+
+
 # ------------------------------------------------------------------ the allocator
 
 
