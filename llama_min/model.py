@@ -257,28 +257,28 @@ class PagedKVCache(KVCache):
         if self.block_table is not self.table:
             self.block_table.set(self.table, stream=self.xp.cuda.get_current_stream())
 
-    def _slots(self, b_rows, positions):
-        """(page ids, slots) of rows `positions` (host ints) of sequences b_rows, checked held."""
+    def _pool_rows(self, b_rows, positions):
+        """Rows of the pools seen as [num_pages * page_size, KVH, D] holding rows `positions` (host
+        ints) of sequences b_rows: page * page_size + slot; ValueError where a page is not held."""
         positions = np.asarray(positions, np.int64)
         page = positions // self.page_size
         if np.any(page >= self.pages_held[b_rows]):
             raise ValueError(f"KV cache rows up to {int(positions.max())} are not in the block table "
                              f"(reserve them first)")
-        return self.table[b_rows, page], positions % self.page_size
+        return self.table[b_rows, page].astype(np.int64) * self.page_size + positions % self.page_size
+
+    def _write(self, layer, rows, k, v):
+        for pool, x in ((self.k[layer], k), (self.v[layer], v)):
+            pool.reshape((-1,) + pool.shape[2:])[rows] = x                 # a view of the pool: in place
 
     def write_rows(self, layer: int, start: int, k, v):
         B, T = k.shape[:2]
-        pages, slots = self._slots(np.arange(B)[:, None], np.arange(start, start + T)[None, :])   # [B, T]
-        xp = self.xp
-        pages, slots = xp.asarray(pages), xp.asarray(slots)
-        self.k[layer][pages, slots] = k
-        self.v[layer][pages, slots] = v
+        rows = self._pool_rows(np.arange(B)[:, None], np.arange(start, start + T)[None, :])   # [B, T]
+        self._write(layer, self.xp.asarray(rows), k, v)
 
     def write_token(self, layer: int, pos, k, v):
         """pos [B] host ints (the CPU decode step; the GPU one appends in rope_append)."""
-        pages, slots = self._slots(np.arange(k.shape[0]), pos)
-        self.k[layer][pages, slots] = k
-        self.v[layer][pages, slots] = v
+        self._write(layer, self._pool_rows(np.arange(k.shape[0]), pos), k, v)
 
     def read(self, layer: int, n: int):
         """(k, v) [B, used pages * page_size, KVH, D]: a view of the pools where the sequence's pages
