@@ -116,6 +116,7 @@ class KVCache:
         self.k = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.lengths = xp.zeros((batch,), xp.int32)
+        self._row_ids = xp.arange(batch)              # token_index's sequence ids
         self.plans = {}                               # AttentionConfig -> santa_cupy.DecodePlan (GPU)
         self.lse_hints = {}                           # budget one_pass: layer -> [B, H] lse of the last step
         self.rows_taken = 0                           # budget one_pass: rows taken, summed over steps, layers, heads
@@ -147,22 +148,20 @@ class KVCache:
         self.k[layer][:, start:end] = k
         self.v[layer][:, start:end] = v
 
-    def write_token(self, layer: int, pos, k, v):
-        """Decode (array path): k, v [B, KVH, D] into row pos[b] of sequence b (pos [B] ints, xp)."""
-        rows = self._rows(k.shape[0])
-        self.k[layer][rows, pos] = k
-        self.v[layer][rows, pos] = v
+    def token_index(self, pos):
+        """Where row pos[b] of every sequence b lives (pos [B] ints), for write_token: computed once
+        a decode step, used by every layer."""
+        return self._row_ids, pos
+
+    def write_token(self, layer: int, index, k, v):
+        """Decode (array path): k, v [B, KVH, D] into the rows of token_index(pos)."""
+        self.k[layer][index] = k
+        self.v[layer][index] = v
 
     def read(self, layer: int, n: int):
         """(k, v) [B, >= n, KVH, D] whose first n rows are every sequence's rows 0 .. n - 1 (contiguous:
         the cache arrays themselves; paged: the sequences' pages gathered)."""
         return self.k[layer], self.v[layer]
-
-    def _rows(self, B):
-        rows = getattr(self, "_row_ids", None)
-        if rows is None or rows.shape[0] != B:
-            rows = self._row_ids = self.xp.arange(B)
-        return rows
 
     def reset(self):
         self.lengths[...] = 0
@@ -228,6 +227,9 @@ class PagedKVCache(KVCache):
         self.block_table = self.table if xp is np else xp.zeros((batch, self.max_pages), xp.int32)
         self.pages_held = np.zeros(batch, np.int64)
         self._run_start = None                       # read()'s view: first page of batch 1's ascending run
+        self._held_min = 0                           # min(pages_held), a host int for the per-step checks
+        flat = lambda pool: pool.reshape((-1,) + pool.shape[2:])      # noqa: E731  [num_pages * page_size, KVH, D]
+        self._flat_k, self._flat_v = [flat(a) for a in self.k], [flat(a) for a in self.v]
 
     def _storage_shape(self, batch, max_len, kvh, head_dim):
         return (self.num_pages, self.page_size, kvh, head_dim)
@@ -239,7 +241,7 @@ class PagedKVCache(KVCache):
     def reserve(self, length: int):
         super().reserve(length)
         need = -(-int(length) // self.page_size)
-        if need <= self.pages_held.min():
+        if need <= self._held_min:
             return
         short = int(np.maximum(need - self.pages_held, 0).sum())
         if short > self.allocator.free:
@@ -267,25 +269,25 @@ class PagedKVCache(KVCache):
                              f"(reserve them first)")
         return self.table[b_rows, page].astype(np.int64) * self.page_size + positions % self.page_size
 
-    def _write(self, layer, rows, k, v):
-        for pool, x in ((self.k[layer], k), (self.v[layer], v)):
-            pool.reshape((-1,) + pool.shape[2:])[rows] = x                 # a view of the pool: in place
-
     def write_rows(self, layer: int, start: int, k, v):
         B, T = k.shape[:2]
         rows = self._pool_rows(np.arange(B)[:, None], np.arange(start, start + T)[None, :])   # [B, T]
-        self._write(layer, self.xp.asarray(rows), k, v)
+        self.write_token(layer, self.xp.asarray(rows), k, v)
 
-    def write_token(self, layer: int, pos, k, v):
-        """pos [B] host ints (the CPU decode step; the GPU one appends in rope_append)."""
-        self._write(layer, self._pool_rows(np.arange(k.shape[0]), pos), k, v)
+    def token_index(self, pos):
+        """pos [B] host ints (the CPU decode step; the GPU one appends in rope_append) -> pool rows."""
+        return self._pool_rows(np.arange(pos.shape[0]), pos)
+
+    def write_token(self, layer: int, index, k, v):
+        self._flat_k[layer][index] = k                  # views of the pools: written in place
+        self._flat_v[layer][index] = v
 
     def read(self, layer: int, n: int):
         """(k, v) [B, used pages * page_size, KVH, D]: a view of the pools where the sequence's pages
         are one ascending run (batch 1, the allocator's order: generate's case), else the pages
         gathered (a copy; ~33 µs a layer and array at 1k rows of SmolLM2-135M on the CPU)."""
         used = -(-int(n) // self.page_size)
-        if used > self.pages_held.min():
+        if used > self._held_min:
             raise ValueError(f"KV cache rows up to {n - 1} are not in the block table (reserve them first)")
         shape = (self.batch, used * self.page_size) + self.k[layer].shape[2:]
         if self._run_start is not None:                                 # pages run_start .. + used - 1
@@ -296,6 +298,7 @@ class PagedKVCache(KVCache):
 
     def _table_changed(self):
         """After the host table changed: its run (batch 1, pages ascending by one) and the upload."""
+        self._held_min = int(self.pages_held.min())
         held = int(self.pages_held[0])
         row = self.table[0, :held]
         ascending = self.batch == 1 and held > 0 and bool(np.all(np.diff(row) == 1))
@@ -658,9 +661,10 @@ class LlamaModel:
         x = self.w["embed"][tokens].astype(np.float32)       # [B, d]
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]    # [B, 1, D/2]
         n = cache.length + 1                                  # rows attended (all sequences alike)
+        at = cache.token_index(pos)                           # where the new token's K/V go
         for li, lw in enumerate(self.w["layers"]):
             q, k, v = self._qkv(lw, x, cos, sin)             # [B,H,D], [B,KVH,D], [B,KVH,D]
-            cache.write_token(li, pos, self._to_kv(k), self._to_kv(v))
+            cache.write_token(li, at, self._to_kv(k), self._to_kv(v))
             kc, vc = cache.read(li, n)                        # [B, >= n, KVH, D]
             o = attn(li, self._to_kv(q), kc, vc, lens)
             x = self._out_mlp(lw, x, self._from_kv(o, np.float32).reshape(B, H * D))
