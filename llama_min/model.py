@@ -104,8 +104,8 @@ class KVCache:
 
     `lengths` [B] int32 (device array on GPU) = tokens stored per sequence; `length` is its host
     mirror (all rows are equal); `step` counts decode steps (the SANTA RNG step).
-    The model reads and writes through reserve / write_rows / write_token / read and passes
-    attention_kwargs to santa_cupy, so both forms share one code path."""
+    The model reads and writes through reserve / write_rows / token_index + write_token / read
+    and passes attention_kwargs to santa_cupy, so both forms share one code path."""
 
     page_size = None                                  # contiguous
     block_table = None
@@ -326,7 +326,6 @@ class LlamaModel:
         ang = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * rope_inv_freq(cfg)
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))   # [P, D/2]
         self.sin = xp.asarray(np.sin(ang).astype(np.float32))
-        self._aranges = {}
         self._gemm = None          # set by GraphDecoder while warming up / capturing
         self._eager_gemm = None    # GPU: a _CublasGemm of our own, made at the first product
 
@@ -459,11 +458,6 @@ class LlamaModel:
             accumulate_into += y
             return accumulate_into
         return y if out_dtype is None else y.astype(out_dtype, copy=False)
-
-    def _arange(self, n):
-        if n not in self._aranges:
-            self._aranges[n] = self.xp.arange(n)
-        return self._aranges[n]
 
     # ------------------------------------------------------------------ prefill
 
@@ -860,7 +854,6 @@ class GraphDecoder:
         self.pool = cupy.cuda.MemoryPool()
         att = attention
         self.plan = None
-        model._arange(cache.batch)                   # created outside the private pool
         if hasattr(santa_cupy, "DecodePlan"):
             self.plan = model.make_plan(att, cache)   # its own device step counter
             kw = cache.attention_kwargs                # paged: block_table, whose address the graph keeps
