@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from llama_min.commands import check_output_path
+from llama_min.commands import KV_CACHE_LAYOUTS, check_output_path, kv_cache_page_size, kv_cache_report
 
 # ---- one table of shapes, one list of methods ------------------------------------------------
 
@@ -1073,10 +1073,11 @@ def e2e_derived(rows: list[dict], ceiling_tbps: float | None, floor_bytes: int) 
     return rows
 
 
-def random_llama(cp, m: ModelShape, B: int, L: int, L_max: int):
+def random_llama(cp, m: ModelShape, B: int, L: int, L_max: int, page_size: int | None = None):
     """-> (llama_min LlamaModel, KVCache): the e2e model when no --model is given. Random fp16
     weights generated on the GPU (no download), unit norms, and a cache of random fp16 K/V
-    holding L tokens of every sequence (no prefill). The decode step is llama_min's own."""
+    holding L tokens of every sequence (no prefill; paged with page_size: see _fill_random_kv).
+    The decode step is llama_min's own."""
     from llama_min.config import LlamaConfig
     from llama_min.model import LlamaModel
 
@@ -1097,13 +1098,26 @@ def random_llama(cp, m: ModelShape, B: int, L: int, L_max: int):
     weights = {"embed": w("lm_head"), "lm_head": w("lm_head"),       # embed: [vocab, d], as lm_head
                "norm": cp.ones((d,), cp.float32), "layers": layers}
     model = LlamaModel(cfg, weights, cp, "gpu", "float16", "float16")
-    cache = model.new_cache(B, L_max)
+    cache = e2e_cache(model, B, L_max, page_size)
     _fill_random_kv(cp, model, cache, L)
     return model, cache
 
 
+E2E_PAGE_SEED = 0      # the paged cache's page order: a shuffled pool, as a serving stack's after churn
+
+
+def e2e_cache(model, B: int, L_max: int, page_size: int | None):
+    """The e2e cache: contiguous, or paged (pages of page_size rows from a pool in shuffled order,
+    so every sequence's block table is a random, non-contiguous list of pages)."""
+    if page_size is None:
+        return model.new_cache(B, L_max)
+    return model.new_cache(B, L_max, page_size=page_size, page_seed=E2E_PAGE_SEED)
+
+
 def _fill_random_kv(cp, model, cache, L):
-    """Random K/V in every layer of the cache (never zeros), which then holds L tokens."""
+    """Random K/V in every layer of the cache (never zeros: a paged cache's whole page pool), which
+    then holds L tokens (paged: their pages reserved, in the pool's shuffled order)."""
+    cache.reserve(L)
     for layer in range(len(cache.k)):
         for kv in (cache.k[layer], cache.v[layer]):
             kv[...] = random_array(cp, kv.shape, model.kv_dtype).view(kv.dtype)
@@ -1252,15 +1266,20 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
 @click.option("--pdl/--no-pdl", default=True, show_default=True,
               help="Capture santa-cupy's kernels with programmatic dependent launch (GraphDecoder's default on "
                    "sm_90+), or plainly.")
+@click.option("--kv-cache", "kv_cache", type=click.Choice(KV_CACHE_LAYOUTS), default="contiguous", show_default=True,
+              help="KV cache storage: contiguous, or paged (a shuffled page pool and block table, NHD).")
+@click.option("--page-size", type=click.IntRange(1, 256), default=None,
+              help="Rows per page of --kv-cache paged (1..256; default 16).")
 @click.option("--mem-gb", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Refuse above this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               callback=check_output_path)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
               callback=check_output_path)
-def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, products, pdl, mem_gb,
-                json_path, markdown_path):
+def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_graph, products, pdl, kv_cache,
+                page_size, mem_gb, json_path, markdown_path):
     """Whole-model decode latency (ms/token, tokens/s), dense vs SANTA attention."""
     L = parse_size(context, "context")
+    page_size = kv_cache_page_size(kv_cache, page_size)
     method_objs = [parse_method(n) for n in parse_list(methods, "methods", str)]
     bad = [m.name for m in method_objs if m.external]
     if bad:
@@ -1284,7 +1303,7 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
         _log(f"loading {model_path} ...")
         model = LlamaModel.from_pretrained(model_path, device="gpu")
         cfg = model.cfg
-        cache = model.new_cache(batch, L_max)
+        cache = e2e_cache(model, batch, L_max, page_size)
         _fill_random_kv(cp, model, cache, L)
         shape = ModelShape(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
                            kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
@@ -1294,14 +1313,17 @@ def e2e_command(context, batch, steps, warmup, methods, layers, model_path, no_g
     else:
         meta["model"] = f"random Llama-3.1-8B-shaped, fp16 weights and KV, {asdict(shape)}"
         _log(f"generating random weights and KV cache ({fmt_bytes(e2e_memory(shape, batch, L_max))}) ...")
-        model, cache = random_llama(cp, shape, batch, L, L_max)
+        model, cache = random_llama(cp, shape, batch, L, L_max, page_size)
         note = "random weights, random KV, no prefill"
+    meta["kv_cache"] = kv_cache_report(page_size)
     meta["decode_step"] = "llama_min (fused RMSNorm / rotary + K/V append / SiLU kernels, residual adds in the products)"
     meta["weight_products"] = {"auto": "santa-cupy gemv at batch 1, else cuBLAS", "gemv": "santa-cupy gemv",
                                "cublas": "cuBLAS"}[products] if not no_graph else "CuPy matmul (eager)"
     rows = _e2e_rows(cp, model, cache, L, steps, warmup, method_objs, gemv=gemv, graph=not no_graph,
                      programmatic=pdl)
     meta["programmatic_launch"] = bool(pdl and not no_graph and rows and rows[0].get("programmatic"))
+    if page_size is not None:
+        note += f", paged KV (pages of {page_size} rows, shuffled block table)"
     for r in rows:
         r["note"] = note
     floor = e2e_bytes(shape, batch, L)

@@ -10,23 +10,34 @@ __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fmul_rn(g, sig), u);
 }
 
+// The row of token position p of sequence n in a K or V cache seen as rows of [KVH, D]:
+//   contiguous (block_table null): [N, L_max, KVH, D], row n L_max + p;
+//   paged (NHD, FlashInfer's and vLLM's layout): a page pool [num_pages, page_size, KVH, D] and
+//   block_table [N, max_pages] int32 (the page ids of sequence n in order), row
+//   block_table[n, p / page_size] page_size + p % page_size.
+__device__ __forceinline__ i64 kv_cache_row(i64 n, i64 p, i64 L_max, const int* __restrict__ block_table,
+                                            int max_pages, int page_size) {
+    if (block_table == nullptr) return n * L_max + p;
+    return (i64)block_table[n * max_pages + p / page_size] * page_size + p % page_size;
+}
+
 // Element pair (a, b) = (x_i, x_{i + D/2}) of head h of token n's QKV product, to where it goes:
-// q heads (h < H) rotated into q_out [N, H, D]; k heads rotated into row p of k_cache
-// [N, L_max, KVH, D]; v heads copied into row p of v_cache. Rotation (HF rotate_half) by
-// c, s = cos/sin[p, i]: x_i <- a c - b s, x_{i + D/2} <- b c + a s.
+// q heads (h < H) rotated into q_out [N, H, D]; k heads rotated into row `row` of k_cache (seen as
+// [rows, KVH, D]: kv_cache_row of the token's position p); v heads copied into that row of v_cache.
+// Rotation (HF rotate_half) by c, s = cos/sin[p, i]: x_i <- a c - b s, x_{i + D/2} <- b c + a s.
 template <typename Tkv>
-__device__ __forceinline__ void store_rope_pair(float a, float b, int h, int i, i64 n, i64 p,
+__device__ __forceinline__ void store_rope_pair(float a, float b, int h, int i, i64 n, i64 p, i64 row,
                                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                                 Tkv* __restrict__ q_out, Tkv* __restrict__ k_cache,
-                                                Tkv* __restrict__ v_cache, int H, int KVH, int D, i64 L_max) {
+                                                Tkv* __restrict__ v_cache, int H, int KVH, int D) {
     const int half = D / 2;
     if (h >= H + KVH) {                                       // v: copied
-        Tkv* dst = v_cache + ((n * L_max + p) * KVH + (h - H - KVH)) * D;
+        Tkv* dst = v_cache + (row * KVH + (h - H - KVH)) * D;
         dst[i] = from_float<Tkv>(a);
         dst[i + half] = from_float<Tkv>(b);
         return;
     }
-    Tkv* dst = h < H ? q_out + (n * H + h) * D : k_cache + ((n * L_max + p) * KVH + (h - H)) * D;
+    Tkv* dst = h < H ? q_out + (n * H + h) * D : k_cache + (row * KVH + (h - H)) * D;
     const float c = cos_t[p * half + i], s = sin_t[p * half + i];
     dst[i] = from_float<Tkv>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
     dst[i + half] = from_float<Tkv>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));

@@ -14,6 +14,7 @@ import sys
 import click
 
 from llama_min.models_cli import models  # noqa: F401  (cli.py imports it from here)
+from santa_cupy.paged import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from santa_cupy.spec import MAX_SAMPLES
 
 
@@ -66,6 +67,23 @@ def read_prompt_file(f, encoding: str) -> str:
                                  param_hint="'--prompt-file'") from None
 
 
+KV_CACHE_LAYOUTS = ("contiguous", "paged")
+
+
+def kv_cache_page_size(kv_cache: str, page_size: int | None) -> int | None:
+    """--kv-cache / --page-size -> the page size of llama_min's cache (None: contiguous); a
+    UsageError for --page-size without --kv-cache paged."""
+    if kv_cache == "paged":
+        return DEFAULT_PAGE_SIZE if page_size is None else page_size
+    if page_size is not None:
+        raise click.UsageError("--page-size needs --kv-cache paged")
+    return None
+
+
+def kv_cache_report(page_size: int | None) -> dict:
+    return {"layout": "contiguous"} if page_size is None else {"layout": "paged", "page_size": page_size}
+
+
 def attention_report(attention) -> dict:
     """The attention settings that apply: dense has no samples, sampler, budget or seed."""
     d = attention.as_dict()
@@ -112,9 +130,16 @@ def sampling_report(sampling) -> dict:
 @click.option("--budget", type=click.Choice(["fixed", "global", "largest_remainder"]), default="global", show_default=True)
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
               help="GPU: replay the decode step as a CUDA graph (default: on for the GPU).")
+@click.option("--kv-cache", "kv_cache", type=click.Choice(KV_CACHE_LAYOUTS), default="contiguous", show_default=True,
+              help="KV cache storage: one [L_max, KVH, D] block per sequence, or pages from a pool with a block "
+                   "table (FlashInfer/vLLM's NHD layout).")
+@click.option("--page-size", type=click.IntRange(1, MAX_PAGE_SIZE), default=None,
+              help=f"Rows per page of the paged KV cache (1..{MAX_PAGE_SIZE}; default {DEFAULT_PAGE_SIZE}). "
+                   "Needs --kv-cache paged.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, greedy, temperature, top_k, top_p,
-             repetition_penalty, seed, device, dtype, method, samples, sampler, budget, cuda_graph, fmt):
+             repetition_penalty, seed, device, dtype, method, samples, sampler, budget, cuda_graph, kv_cache,
+             page_size, fmt):
     """Generate text with a Llama-architecture model, dense or SANTA decode attention."""
     from llama_min import generation_config, progress, threads
     from llama_min.generate import SamplingConfig, generate as run_generate
@@ -133,6 +158,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     if cuda_graph and device != "gpu":
         raise click.UsageError("--cuda-graph needs --device gpu")
     cuda_graph = device == "gpu" if cuda_graph is None else cuda_graph
+    page_size = kv_cache_page_size(kv_cache, page_size)
 
     try:
         threads.choose("decode")             # a bad SANTA_CUPY_BLAS_THREADS fails before loading
@@ -170,7 +196,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     try:
         res = run_generate(model, ids, max_new_tokens=max_new_tokens, sampling=sampling,
                            attention=attention, stop_ids=stop_ids, on_token=on_token, use_graph=cuda_graph,
-                           on_prefill=bar)
+                           on_prefill=bar, page_size=page_size)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -192,6 +218,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
             "stop_reason": res.stop_reason,
             "device": device,
             "dtype": model.kv_dtype,
+            "kv_cache": kv_cache_report(page_size),
             "sampling": sampling_report(sampling),
         }
         click.echo(json.dumps(out))

@@ -95,13 +95,15 @@ def _sync(model):
 
 def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
              attention: AttentionConfig = AttentionConfig(), stop_ids=(), on_token=None,
-             use_graph: bool = False, on_prefill=None) -> GenerationResult:
+             use_graph: bool = False, on_prefill=None, page_size: int | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` (a list of ints, batch 1).
 
     Stops early at a token in `stop_ids` (not included in the result) or when the context window
     (max_position_embeddings) is full. `on_token(id)` is called for every kept token.
     `use_graph` (GPU only) replays the decode step as a CUDA graph (GraphDecoder).
     `on_prefill(done, total)` is called before the prefill and after each of its chunks.
+    `page_size` (1..256): a paged KV cache of pages of that many rows (KVCache's paged form);
+    None: the contiguous cache.
     timings: prefill_s (prompt + first token's logits), decode_s (the decode steps),
     tokens_per_s = decode steps / decode_s (0 when there were none)."""
     prompt = [int(t) for t in prompt_ids]
@@ -120,7 +122,7 @@ def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: Sa
     if n_new == 0:
         return GenerationResult(prompt, out, {"prefill_s": 0.0, "decode_s": 0.0, "tokens_per_s": 0.0}, reason)
 
-    cache = model.new_cache(1, len(prompt) + n_new)
+    cache = model.new_cache(1, len(prompt) + n_new, page_size=page_size)
     t0 = time.perf_counter()
     if on_prefill is not None:
         on_prefill(0, len(prompt))

@@ -7,6 +7,8 @@ I intermediate, V vocab, L_max cache capacity.
 - Residual stream in float32; matmuls in `model.mm_dtype` (float32, or float16 on GPU);
   KV cache / decode attention in `model.kv_dtype` ("float32" | "float16" | "bfloat16", the
   latter stored as uint16 bit patterns as in santa_cupy).
+- KV cache: contiguous [B, L_max, KVH, D] per layer, or paged (page pools [num_pages, page_size,
+  KVH, D] and one block table; `new_cache(..., page_size=16)`), behind one KVCache interface.
 - Prefill: dense causal attention of each chunk (CHUNK tokens) against the cache.
 - Decode: one token per sequence; attention through `santa_cupy.decode_attention`
   (CPU + method="dense" uses the float32 NumPy dense decode below, so the CPU path does not depend
@@ -93,16 +95,28 @@ def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
 
 
 class KVCache:
-    """Preallocated KV cache: k[l], v[l] are [B, L_max, KVH, D] (santa_cupy layout).
+    """Preallocated KV cache, one type with two storage forms (``new_cache(..., page_size=...)``):
+
+    - contiguous (this class, page_size None): k[l], v[l] are [B, L_max, KVH, D] (santa_cupy layout);
+    - paged (PagedKVCache): k[l], v[l] are page pools [num_pages, page_size, KVH, D] (NHD, FlashInfer's
+      and vLLM's layout) and one block table [B, max_pages] int32 (device array on GPU) maps every
+      sequence's rows to pages for all layers; a host-side allocator hands out pages as sequences grow.
 
     `lengths` [B] int32 (device array on GPU) = tokens stored per sequence; `length` is its host
-    mirror (all rows are equal); `step` counts decode steps (the SANTA RNG step)."""
+    mirror (all rows are equal); `step` counts decode steps (the SANTA RNG step).
+    The model reads and writes through reserve / write_rows / token_index + write_token / read
+    and passes attention_kwargs to santa_cupy, so both forms share one code path."""
+
+    page_size = None                                  # contiguous
+    block_table = None
 
     def __init__(self, xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype):
-        shape = (batch, max_len, kvh, head_dim)
+        shape = self._storage_shape(batch, max_len, kvh, head_dim)
+        self.xp = xp
         self.k = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.lengths = xp.zeros((batch,), xp.int32)
+        self._row_ids = xp.arange(batch)              # token_index's sequence ids
         self.plans = {}                               # AttentionConfig -> santa_cupy.DecodePlan (GPU)
         self.lse_hints = {}                           # budget one_pass: layer -> [B, H] lse of the last step
         self.rows_taken = 0                           # budget one_pass: rows taken, summed over steps, layers, heads
@@ -110,12 +124,194 @@ class KVCache:
         self.step = 0
         self.batch, self.max_len = batch, max_len
 
+    @staticmethod
+    def _storage_shape(batch, max_len, kvh, head_dim):
+        return (batch, max_len, kvh, head_dim)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
+
+    @property
+    def attention_kwargs(self) -> dict:
+        """What santa_cupy's decode_attention / DecodePlan.run need besides q, k, v, lengths."""
+        return {}
+
+    def reserve(self, length: int):
+        """Make room for `length` tokens in every sequence (paged: allocate the pages they need)."""
+        if length > self.max_len:
+            raise ValueError(f"KV cache is full (max_len {self.max_len}): {length} tokens do not fit")
+
+    def write_rows(self, layer: int, start: int, k, v):
+        """Prefill: k, v [B, T, KVH, D] (storage dtype) into rows start .. start + T - 1 of every sequence."""
+        end = start + k.shape[1]
+        self.k[layer][:, start:end] = k
+        self.v[layer][:, start:end] = v
+
+    def token_index(self, pos):
+        """Where row pos[b] of every sequence b lives (pos [B] ints), for write_token: computed once
+        a decode step, used by every layer."""
+        return self._row_ids, pos
+
+    def write_token(self, layer: int, index, k, v):
+        """Decode (array path): k, v [B, KVH, D] into the rows of token_index(pos)."""
+        self.k[layer][index] = k
+        self.v[layer][index] = v
+
+    def read(self, layer: int, n: int):
+        """(k, v) [B, >= n, KVH, D] whose first n rows are every sequence's rows 0 .. n - 1 (contiguous:
+        the cache arrays themselves; paged: the sequences' pages gathered)."""
+        return self.k[layer], self.v[layer]
+
     def reset(self):
         self.lengths[...] = 0
         self.length = 0
         self.step = 0
         self.lse_hints.clear()
         self.rows_taken = 0
+
+
+class PageAllocator:
+    """Host-side free list of a page pool's ids 0 .. num_pages - 1. alloc hands out ids in the
+    pool's order (ascending, or a random permutation given a seed); release takes them back, to
+    be handed out again first."""
+
+    def __init__(self, num_pages: int, seed: int | None = None):
+        order = np.arange(num_pages) if seed is None else np.random.default_rng(seed).permutation(num_pages)
+        self.num_pages = int(num_pages)
+        self._free = [int(p) for p in order[::-1]]    # a stack: the next page is the last entry
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise ValueError(f"KV cache page pool exhausted: {n} more pages needed, {len(self._free)} of "
+                             f"{self.num_pages} free (give new_cache a larger num_pages)")
+        out = self._free[len(self._free) - n:][::-1]
+        del self._free[len(self._free) - n:]
+        return out
+
+    def release(self, pages):
+        self._free.extend(int(p) for p in reversed(list(pages)))
+
+
+class PagedKVCache(KVCache):
+    """KVCache on a page pool (see KVCache): k[l], v[l] [num_pages, page_size, KVH, D] (NHD);
+    block_table [B, max_pages] int32, max_pages = ceil(max_len / page_size), a device array on
+    GPU whose address never changes (GraphDecoder's graph reads it; new pages are written into it
+    in place); `table` is its host mirror and `pages_held` [B] the pages each sequence holds.
+    Row j of sequence b is slot j % page_size of page block_table[b, j // page_size]; entries past
+    a sequence's pages are 0 (never read).
+
+    Pages are allocated lazily by reserve(length) (prefill, and each decode step that crosses a
+    page boundary), page by page round the batch, so sequences' pages interleave; num_pages
+    defaults to B * max_pages (never exhausted), fewer gives a clear error when the pool runs out;
+    page_seed shuffles the pool's order (tests, bench). reset() returns every page."""
+
+    def __init__(self, xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype, *, page_size=16,
+                 num_pages=None, page_seed=None):
+        from santa_cupy.paged import MAX_PAGE_SIZE
+        if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) \
+                or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be an integer in 1..{MAX_PAGE_SIZE}, got {page_size!r}")
+        self.page_size = int(page_size)
+        self.max_pages = -(-int(max_len) // self.page_size)
+        self.num_pages = int(batch) * self.max_pages if num_pages is None else int(num_pages)
+        if self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {num_pages}")
+        super().__init__(xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype)
+        self.allocator = PageAllocator(self.num_pages, page_seed)
+        self.table = np.zeros((batch, self.max_pages), np.int32)
+        self.block_table = self.table if xp is np else xp.zeros((batch, self.max_pages), xp.int32)
+        self.pages_held = np.zeros(batch, np.int64)
+        self._run_start = None                       # read()'s view: first page of batch 1's ascending run
+        self._held_min = 0                           # min(pages_held), a host int for the per-step checks
+        flat = lambda pool: pool.reshape((-1,) + pool.shape[2:])      # noqa: E731  [num_pages * page_size, KVH, D]
+        self._flat_k, self._flat_v = [flat(a) for a in self.k], [flat(a) for a in self.v]
+
+    def _storage_shape(self, batch, max_len, kvh, head_dim):
+        return (self.num_pages, self.page_size, kvh, head_dim)
+
+    @property
+    def attention_kwargs(self) -> dict:
+        return {"block_table": self.block_table}
+
+    def reserve(self, length: int):
+        super().reserve(length)
+        need = -(-int(length) // self.page_size)
+        if need <= self._held_min:
+            return
+        short = int(np.maximum(need - self.pages_held, 0).sum())
+        if short > self.allocator.free:
+            raise ValueError(f"KV cache page pool exhausted: {length} tokens in each of {self.batch} sequences need "
+                             f"{short} more pages of {self.page_size} rows, {self.allocator.free} of "
+                             f"{self.num_pages} free (give new_cache a larger num_pages)")
+        for j in range(int(self.pages_held.min()), need):          # page by page round the batch
+            for b in np.nonzero(self.pages_held <= j)[0]:
+                self.table[b, j] = self.allocator.alloc(1)[0]
+                self.pages_held[b] = j + 1
+        self._table_changed()
+
+    def _upload(self):
+        """The host table into the device block table, in place, ordered on the current stream."""
+        if self.block_table is not self.table:
+            self.block_table.set(self.table, stream=self.xp.cuda.get_current_stream())
+
+    def _pool_rows(self, b_rows, positions):
+        """Rows of the pools seen as [num_pages * page_size, KVH, D] holding rows `positions` (host
+        ints) of sequences b_rows: page * page_size + slot; ValueError where a page is not held."""
+        positions = np.asarray(positions, np.int64)
+        page = positions // self.page_size
+        if np.any(page >= self.pages_held[b_rows]):
+            raise ValueError(f"KV cache rows up to {int(positions.max())} are not in the block table "
+                             f"(reserve them first)")
+        return self.table[b_rows, page].astype(np.int64) * self.page_size + positions % self.page_size
+
+    def write_rows(self, layer: int, start: int, k, v):
+        B, T = k.shape[:2]
+        rows = self._pool_rows(np.arange(B)[:, None], np.arange(start, start + T)[None, :])   # [B, T]
+        self.write_token(layer, self.xp.asarray(rows), k, v)
+
+    def token_index(self, pos):
+        """pos [B] host ints (the CPU decode step; the GPU one appends in rope_append) -> pool rows."""
+        return self._pool_rows(np.arange(pos.shape[0]), pos)
+
+    def write_token(self, layer: int, index, k, v):
+        self._flat_k[layer][index] = k                  # views of the pools: written in place
+        self._flat_v[layer][index] = v
+
+    def read(self, layer: int, n: int):
+        """(k, v) [B, used pages * page_size, KVH, D]: a view of the pools where the sequence's pages
+        are one ascending run (batch 1, the allocator's order: generate's case), else the pages
+        gathered (a copy; ~33 µs a layer and array at 1k rows of SmolLM2-135M on the CPU)."""
+        used = -(-int(n) // self.page_size)
+        if used > self._held_min:
+            raise ValueError(f"KV cache rows up to {n - 1} are not in the block table (reserve them first)")
+        shape = (self.batch, used * self.page_size) + self.k[layer].shape[2:]
+        if self._run_start is not None:                                 # pages run_start .. + used - 1
+            run = slice(self._run_start, self._run_start + used)
+            return self.k[layer][run].reshape(shape), self.v[layer][run].reshape(shape)
+        ids = self.block_table[:, :used]                                # [B, used]
+        return self.k[layer][ids].reshape(shape), self.v[layer][ids].reshape(shape)
+
+    def _table_changed(self):
+        """After the host table changed: its run (batch 1, pages ascending by one) and the upload."""
+        self._held_min = int(self.pages_held.min())
+        held = int(self.pages_held[0])
+        row = self.table[0, :held]
+        ascending = self.batch == 1 and held > 0 and bool(np.all(np.diff(row) == 1))
+        self._run_start = int(row[0]) if ascending else None
+        self._upload()
+
+    def reset(self):
+        super().reset()
+        for b in range(self.batch - 1, -1, -1):
+            self.allocator.release(self.table[b, :self.pages_held[b]])
+        self.table[...] = 0
+        self.pages_held[...] = 0
+        self._table_changed()
 
 
 class LlamaModel:
@@ -130,7 +326,6 @@ class LlamaModel:
         ang = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * rope_inv_freq(cfg)
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))   # [P, D/2]
         self.sin = xp.asarray(np.sin(ang).astype(np.float32))
-        self._aranges = {}
         self._gemm = None          # set by GraphDecoder while warming up / capturing
         self._eager_gemm = None    # GPU: a _CublasGemm of our own, made at the first product
 
@@ -175,13 +370,21 @@ class LlamaModel:
         w["layers"] = layers
         return cls(cfg, w, xp, device, mm_dtype, kv_dtype)
 
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+    def new_cache(self, batch: int = 1, max_len: int | None = None, *, page_size: int | None = None,
+                  num_pages: int | None = None, page_seed: int | None = None) -> KVCache:
+        """A KV cache for `batch` sequences of up to `max_len` tokens: contiguous (page_size None), or
+        paged (PagedKVCache: pages of page_size rows, 1..256, from a pool of num_pages, default enough
+        for every sequence at max_len; page_seed shuffles the pool's order)."""
         P = self.cfg.max_position_embeddings
         max_len = P if max_len is None else int(max_len)
         if not 1 <= max_len <= P:
             raise ValueError(f"max_len must be in 1..{P} (max_position_embeddings), got {max_len}")
-        return KVCache(self.xp, self.cfg.num_hidden_layers, int(batch), max_len, self.KVH, self.D,
-                       self._kv_storage)
+        args = (self.xp, self.cfg.num_hidden_layers, int(batch), max_len, self.KVH, self.D, self._kv_storage)
+        if page_size is None:
+            if num_pages is not None or page_seed is not None:
+                raise ValueError("num_pages and page_seed need a paged cache (page_size)")
+            return KVCache(*args)
+        return PagedKVCache(*args, page_size=page_size, num_pages=num_pages, page_seed=page_seed)
 
     # ------------------------------------------------------------------ small pieces
 
@@ -256,11 +459,6 @@ class LlamaModel:
             return accumulate_into
         return y if out_dtype is None else y.astype(out_dtype, copy=False)
 
-    def _arange(self, n):
-        if n not in self._aranges:
-            self._aranges[n] = self.xp.arange(n)
-        return self._aranges[n]
-
     # ------------------------------------------------------------------ prefill
 
     def _forward_chunk(self, ids, cache: KVCache, start: int):
@@ -277,10 +475,10 @@ class LlamaModel:
         cdt = self.mm_dtype
         for li, lw in enumerate(self.w["layers"]):
             q, k, v = self._qkv(lw, x, cos, sin)
-            cache.k[li][:, start:L] = self._to_kv(k.reshape(B, T, KVH, D))
-            cache.v[li][:, start:L] = self._to_kv(v.reshape(B, T, KVH, D))
-            kk = self._from_kv(cache.k[li][:, :L], cdt)                       # [B, L, KVH, D]
-            vv = self._from_kv(cache.v[li][:, :L], cdt)
+            cache.write_rows(li, start, self._to_kv(k.reshape(B, T, KVH, D)), self._to_kv(v.reshape(B, T, KVH, D)))
+            kc, vc = cache.read(li, L)
+            kk = self._from_kv(kc[:, :L], cdt)                                 # [B, L, KVH, D]
+            vv = self._from_kv(vc[:, :L], cdt)
             qg = xp.ascontiguousarray((q * np.float32(self.scale)).reshape(B, T, KVH, G, D)
                                       .transpose(0, 2, 3, 1, 4), dtype=cdt)     # [B, KVH, G, T, D]
             kt = xp.ascontiguousarray(kk.transpose(0, 2, 3, 1))[:, :, None]   # [B, KVH, 1, D, L]
@@ -317,6 +515,7 @@ class LlamaModel:
         if start + T > cache.max_len:
             raise ValueError(f"prompt of {T} tokens after {start} cached does not fit the cache "
                              f"(max_len {cache.max_len})")
+        cache.reserve(start + T)                                              # paged: the prompt's pages
         with self._blas_threads("prefill", min(T, chunk)):
             for c0 in range(0, T, chunk):
                 ids_c = ids[:, c0:c0 + chunk]
@@ -355,6 +554,7 @@ class LlamaModel:
         tokens = self._check_ids(tokens).reshape(-1)
         if tokens.shape[0] != cache.batch:
             raise ValueError(f"tokens must be [B={cache.batch}], got shape {tuple(tokens.shape)}")
+        cache.reserve(cache.length + 1)                                       # paged: a new page at a boundary
         attn = self._eager_attention(attention, cache)
         with self._blas_threads("decode"):
             logits = self._decode_core(tokens, cache, attn)
@@ -382,13 +582,15 @@ class LlamaModel:
                 plan = cache.plans[att] = self.make_plan(att, cache)
             plan.step.fill(cache.step)
             # the plan was built for this model's shapes: skip run()'s per-call input checks
-            return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li, validate=False)
+            kw = cache.attention_kwargs                # paged: block_table
+            return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li, validate=False, **kw)
         step = cache.step
+        kw = dict(cache.attention_kwargs, page_layout="NHD") if cache.paged else {}
 
         def attn(li, q, kc, vc, lens):
             return santa_cupy.decode_attention(
                 q, kc, vc, lens, method=att.method, samples=att.samples, sampler=att.sampler,
-                budget=att.budget, seed=att.seed, step=step, layer=li, block_n=att.block_n)
+                budget=att.budget, seed=att.seed, step=step, layer=li, block_n=att.block_n, **kw)
         return attn
 
     def make_plan(self, att: AttentionConfig, cache: KVCache):
@@ -397,11 +599,12 @@ class LlamaModel:
         if att.budget == santa_cupy.spec.ONE_PASS:
             raise ValueError("budget 'one_pass' in llama_min runs on the CPU for now (the GPU decoder would need "
                              "a hint per layer: santa_cupy.DecodePlan.run(lse_hint=...))")
+        paged = dict(page_size=cache.page_size, page_layout="NHD") if cache.paged else {}
         return santa_cupy.DecodePlan(
             batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
             max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
             sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
-            block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length)
+            block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length, **paged)
 
     def _santa_decode_np(self, att: AttentionConfig, cache: KVCache):
         """-> attn(...) of SANTA at decode step cache.step through santa_cupy.cpu_attention (float32),
@@ -441,7 +644,8 @@ class LlamaModel:
 
     def _decode_core(self, tokens, cache: KVCache, attn):
         """tokens [B] device int32 -> logits [B, V] f32. Reads positions from cache.lengths on
-        device (no host sync); writes K/V at those positions; does not advance anything."""
+        device (no host sync); writes K/V at those positions (their pages reserved by the caller);
+        does not advance anything."""
         if self.xp is not np:
             return self._decode_core_gpu(tokens, cache, attn)
         B = tokens.shape[0]
@@ -450,12 +654,13 @@ class LlamaModel:
         lens = pos + 1
         x = self.w["embed"][tokens].astype(np.float32)       # [B, d]
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]    # [B, 1, D/2]
-        rows = self._arange(B)
+        n = cache.length + 1                                  # rows attended (all sequences alike)
+        at = cache.token_index(pos)                           # where the new token's K/V go
         for li, lw in enumerate(self.w["layers"]):
             q, k, v = self._qkv(lw, x, cos, sin)             # [B,H,D], [B,KVH,D], [B,KVH,D]
-            cache.k[li][rows, pos] = self._to_kv(k)
-            cache.v[li][rows, pos] = self._to_kv(v)
-            o = attn(li, self._to_kv(q), cache.k[li], cache.v[li], lens)
+            cache.write_token(li, at, self._to_kv(k), self._to_kv(v))
+            kc, vc = cache.read(li, n)                        # [B, >= n, KVH, D]
+            o = attn(li, self._to_kv(q), kc, vc, lens)
             x = self._out_mlp(lw, x, self._from_kv(o, np.float32).reshape(B, H * D))
         return self._head(x)
 
@@ -475,9 +680,10 @@ class LlamaModel:
         for li, lw in enumerate(self.w["layers"]):
             h = ops.rms_norm(x, lw["attn_norm"], eps, mm)
             rope = (self.cos, self.sin, pos, cache.k[li], cache.v[li], H, KVH, self.kv_dtype)
-            q = fused.product_rope(h, lw["wqkv"], *rope) if fused else None          # [B, H, D] KV dtype
+            table = cache.block_table                         # paged: the page pools' block table, else None
+            q = fused.product_rope(h, lw["wqkv"], *rope, table) if fused else None   # [B, H, D] KV dtype
             if q is None:
-                q = ops.rope_append(self._linear(h, lw["wqkv"]), *rope)             # via qkv [B, (H+2KVH)D]
+                q = ops.rope_append(self._linear(h, lw["wqkv"]), *rope, block_table=table)   # via qkv [B, (H+2KVH)D]
             o = attn(li, q, cache.k[li], cache.v[li], lens).reshape(B, H * D)           # KV dtype
             o = o if self.kv_dtype == mm.name else self._from_kv(o, mm)
             self._linear(o, lw["wo"], accumulate_into=x)
@@ -593,12 +799,14 @@ class _GemvFirst:
             return self.ops.gemv(x, w, out=accumulate_into, accumulate=accumulate_into is not None)
         return self.cublas(x, w, accumulate_into=accumulate_into, out_dtype=out_dtype)
 
-    def product_rope(self, x, w, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype):
+    def product_rope(self, x, w, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype, block_table=None):
         """q [n, heads, D] from the QKV product with the rotary + K/V append in the same launch
-        (decoder_ops.gemv_rope), or None where gemv does not take it (the caller falls back)."""
+        (decoder_ops.gemv_rope; paged caches with block_table), or None where gemv does not take it
+        (the caller falls back)."""
         if not self._fits(x, w) or kv_dtype not in self.ops.GEMV_DTYPES:
             return None
-        return self.ops.gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype)
+        return self.ops.gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype,
+                                  block_table=block_table)
 
     def product_glu(self, x, w, out_dtype):
         """silu(gate) * up [n, I] from the gate/up product in one launch (decoder_ops.gemv_glu), or
@@ -624,6 +832,8 @@ class GraphDecoder:
     where the GPU has it, sm_90+; bit-identical results either way; cuBLAS calls stay plain).
     Static buffers: the token input and the logits output. Positions/lengths (cache.lengths) and,
     through santa_cupy.DecodePlan, the SANTA step counter advance on device inside the graph.
+    A paged cache's block table is read by the graph at a fixed address: replay() reserves the
+    next token's page on the host first and writes it into the table in place, on the graph's stream.
     Temporaries come from a private memory pool kept alive with the graph, so no other allocation
     can reuse addresses the graph writes to."""
 
@@ -633,6 +843,8 @@ class GraphDecoder:
             raise RuntimeError("GraphDecoder needs a model loaded with device='gpu'")
         if cache.length < 1:
             raise ValueError("GraphDecoder needs a prefilled cache")
+        if cache.length >= cache.max_len:
+            raise ValueError(f"KV cache is full (max_len {cache.max_len})")
         import cupy
         import santa_cupy
         self.model, self.cache, self.attention = model, cache, attention
@@ -642,10 +854,10 @@ class GraphDecoder:
         self.pool = cupy.cuda.MemoryPool()
         att = attention
         self.plan = None
-        model._arange(cache.batch)                   # created outside the private pool
         if hasattr(santa_cupy, "DecodePlan"):
             self.plan = model.make_plan(att, cache)   # its own device step counter
-            attn = lambda li, q, kc, vc, lens: self.plan.run(q, kc, vc, lens, layer=li, validate=False)  # noqa: E731
+            kw = cache.attention_kwargs                # paged: block_table, whose address the graph keeps
+            attn = lambda li, q, kc, vc, lens: self.plan.run(q, kc, vc, lens, layer=li, validate=False, **kw)  # noqa: E731
         elif att.method == "dense":
             attn = model._eager_attention(att, cache)
         else:
@@ -662,6 +874,7 @@ class GraphDecoder:
         self.programmatic_launch = kernels.set_programmatic_launch(programmatic_launch is not False)
         try:
             with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
+                cache.reserve(cache.length + 1)          # paged: the page the warm-up and first replay write
                 self.tokens = cupy.zeros((cache.batch,), cupy.int32)
                 # Warm-up (compiles kernels, fills the private pool); writes K/V at the current
                 # position, which the first replay overwrites; nothing advances.
@@ -698,6 +911,7 @@ class GraphDecoder:
         if c.length >= c.max_len:
             raise ValueError(f"KV cache is full (max_len {c.max_len})")
         with self.stream:
+            c.reserve(c.length + 1)             # paged: a new page at a boundary, into the table in place
             if isinstance(tokens, cupy.ndarray):
                 self.tokens[...] = tokens.astype(cupy.int32).reshape(-1)
             else:

@@ -33,6 +33,7 @@ GEMV_ROWS_PER_BLOCK = {"split": GEMV_ROWS, "rows": (GEMV_THREADS // 32) * GEMV_R
 PRODUCT_DTYPES = ("float32", "float16")          # a weight product's output (matmul dtype, or f32)
 KV_DTYPES = tuple(STORAGE_TYPE)                  # float32, float16, bfloat16
 SILU_BLOCKS_PER_SM = 2           # silu_mul's grid, grid-stride beyond
+MAX_PAGE_SIZE = 256              # paged caches (rope_append, gemv_rope): page sizes 1..256, as santa_cupy.paged
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,45 +131,66 @@ def _gemv_operands(x, w, what: str):
     return ("float16" if w.dtype == np.float16 else "bfloat16"), next(b for b in GEMV_TOKENS if b >= n)
 
 
-def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache) -> bool:
-    """The rotary + K/V append's operands for n tokens: C-contiguous caches [n, L_max, kv_heads, D]
-    of one dtype (D even), cos and sin [P, D/2] float32, pos [n] int32."""
+def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table=None) -> bool:
+    """The rotary + K/V append's operands for n tokens: C-contiguous caches of one dtype (D even),
+    [n, L_max, kv_heads, D], or page pools [num_pages, page_size, kv_heads, D] (page_size 1..256)
+    with block_table [n, max_pages] int32 C-contiguous; cos and sin [P, D/2] float32, pos [n] int32."""
     import cupy
 
-    L_max, D = k_cache.shape[1], k_cache.shape[-1]
-    return (D % 2 == 0 and k_cache.shape == (n, L_max, kv_heads, D) and v_cache.shape == k_cache.shape
+    D = k_cache.shape[-1]
+    if block_table is None:
+        cache_ok = k_cache.ndim == 4 and k_cache.shape[0] == n
+    else:
+        cache_ok = (k_cache.ndim == 4 and 1 <= k_cache.shape[1] <= MAX_PAGE_SIZE and isinstance(block_table, cupy.ndarray)
+                    and block_table.dtype == cupy.int32 and block_table.ndim == 2 and block_table.shape[0] == n
+                    and block_table.shape[1] >= 1 and block_table.flags.c_contiguous)
+    return (cache_ok and D % 2 == 0 and k_cache.shape[2] == kv_heads and v_cache.shape == k_cache.shape
             and v_cache.dtype == k_cache.dtype and cos.ndim == 2 and cos.shape[1] == D // 2
             and sin.shape == cos.shape and cos.dtype == cupy.float32 and sin.dtype == cupy.float32
             and pos.shape == (n,) and pos.dtype == cupy.int32
             and all(a.flags.c_contiguous for a in (cos, sin, pos, k_cache, v_cache)))
 
 
-def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads) -> str:
+def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table=None) -> str:
     """What _rope_operands_ok was given, for the error message."""
+    table = "" if block_table is None else (f", block_table {getattr(block_table, 'dtype', type(block_table).__name__)} "
+                                            f"{getattr(block_table, 'shape', '?')}")
     return (f"k {k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos {cos.dtype} {cos.shape}, "
-            f"pos {pos.dtype} {pos.shape} (H={heads}, KVH={kv_heads})")
+            f"pos {pos.dtype} {pos.shape}{table} (H={heads}, KVH={kv_heads})")
 
 
-def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None):
+def _cache_address(k_cache, block_table) -> tuple:
+    """The kernels' row-address arguments (L_max, block_table, max_pages, page_size): contiguous
+    caches [n, L_max, KVH, D] with a null table, or page pools [num_pages, page_size, KVH, D]
+    with the table (decoder_math.cuh kv_cache_row)."""
+    if block_table is None:
+        return np.int64(k_cache.shape[1]), np.uint64(0), np.int32(0), np.int32(0)
+    return np.int64(0), block_table, np.int32(block_table.shape[1]), np.int32(k_cache.shape[1])
+
+
+def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None,
+              block_table=None):
     """The QKV product and the rotary + K/V append in one launch: what gemv(x, w) followed by
     rope_append(y, ...) does, bit for bit, without the float32 product in between.
 
     x [n, K] and w [(heads + 2 kv_heads) D, K] as for gemv; cos, sin, pos, the caches (float16, or
-    bfloat16 as uint16 bits: kv_dtype) and q_out as for rope_append -> q [n, heads, D]."""
+    bfloat16 as uint16 bits: kv_dtype; contiguous, or page pools with block_table) and q_out as for
+    rope_append -> q [n, heads, D]."""
     dtype_name, nb = _gemv_operands(x, w, "gemv_rope")
     n = x.shape[0]
-    L_max, D = k_cache.shape[1], k_cache.shape[-1]
+    D = k_cache.shape[-1]
     kv = _dtype_name(k_cache, kv_dtype)
     ok = (kv in GEMV_DTYPES and w.shape[0] == (heads + 2 * kv_heads) * D
-          and _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache))
+          and _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table))
     if not ok:
-        raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], caches [n, L_max, KVH, D] of float16/bfloat16 "
+        raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], caches [n, L_max, KVH, D] (or page pools "
+                         f"[num_pages, page_size, KVH, D] with block_table [n, max_pages] int32) of float16/bfloat16 "
                          f"({kv_dtype}), cos/sin [P, D/2] float32, pos [n] int32; got w {w.shape}, "
-                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads))
+                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table))
     q = _check_out(q_out, (n, heads, D), k_cache.dtype, "gemv_rope")
     launch(_kernel(("gemv_rope", dtype_name, kv, nb)), (w.shape[0] // 2,),
            (w, x, np.int32(x.shape[1]), np.int32(n), cos, sin, pos, q, k_cache, v_cache, np.int32(heads),
-            np.int32(kv_heads), np.int32(D), np.int64(L_max)), threads=GEMV_THREADS)
+            np.int32(kv_heads), np.int32(D), *_cache_address(k_cache, block_table)), threads=GEMV_THREADS)
     return q
 
 
@@ -204,28 +226,36 @@ def rms_norm(x, w, eps: float, out_dtype, out=None):
     return y
 
 
-def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None):
+def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None,
+                block_table=None):
     """The decode step's rotary + K/V append for one token per sequence.
 
     qkv [N, (heads + 2 kv_heads) D] (float32 or float16: q, k, v heads in that order),
     cos, sin [P, D/2] float32, pos [N] int32 (each token's position = its cache row, < L_max),
     k_cache, v_cache [N, L_max, kv_heads, D] of kv_dtype -> q [N, heads, D] of kv_dtype (rotated);
-    the rotated k and the v are written into row pos[n] of the caches."""
+    the rotated k and the v are written into row pos[n] of the caches.
+
+    Paged caches: k_cache, v_cache page pools [num_pages, page_size, kv_heads, D] (NHD) and
+    block_table [N, max_pages] int32 (a C-contiguous CuPy array: sequence n's page ids in order);
+    row pos[n] is slot pos[n] % page_size of page block_table[n, pos[n] // page_size]. That page
+    must be in the table (not checked: the entries live on the device)."""
     N = qkv.shape[0]
-    L_max, D = k_cache.shape[1], k_cache.shape[-1]
+    D = k_cache.shape[-1]
     p = np.dtype(qkv.dtype).name
     kv = _dtype_name(k_cache, kv_dtype)
     ok = (p in PRODUCT_DTYPES and qkv.ndim == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * D
-          and qkv.flags.c_contiguous and _rope_operands_ok(N, kv_heads, cos, sin, pos, k_cache, v_cache))
+          and qkv.flags.c_contiguous and _rope_operands_ok(N, kv_heads, cos, sin, pos, k_cache, v_cache, block_table))
     if not ok:
         raise ValueError(f"rope_append needs C-contiguous qkv [N, (H + 2 KVH) D] (float32/float16), caches "
-                         f"[N, L_max, KVH, D] of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
-                         f"{qkv.dtype} {qkv.shape}, " + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads))
+                         f"[N, L_max, KVH, D] (or page pools [num_pages, page_size, KVH, D] with block_table "
+                         f"[N, max_pages] int32) of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
+                         f"{qkv.dtype} {qkv.shape}, "
+                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table))
     q = _check_out(q_out, (N, heads, D), k_cache.dtype, "rope_append")
     pairs = (heads + 2 * kv_heads) * D // 2
     launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)),
            (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
-            np.int64(L_max)), threads=THREADS)
+            *_cache_address(k_cache, block_table)), threads=THREADS)
     return q
 
 
