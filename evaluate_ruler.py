@@ -71,6 +71,7 @@ DEFAULT_SETTINGS = ("dense", "systematic/global/S=256", "systematic/fixed/S=256"
 PARITY_FLOOR = 20.0          # tasks where dense scores below this are left out of parity claims
 RESOLVE_POINTS = 2.0         # "resolve a 2-point difference": 2 points = 2 standard errors
 DATA_SEED = 42               # prepare.py's random seed (chunk 0)
+GENERATOR_TIMEOUT_S = 300    # + 5 s per sample: a generator that loops forever (see generate_task)
 
 
 # ============================================================================ scoring
@@ -192,7 +193,10 @@ def read_jsonl(path) -> list[dict]:
         if not isinstance(outs, list) or not outs or not all(isinstance(o, (str, int)) for o in outs):
             raise click.ClickException(f"{where}: 'outputs' must be a non-empty list of strings")
         task = r.get("task", ptask)
-        task_family(task)                                       # unknown task: an error now
+        try:
+            task_family(task)                                   # unknown task: an error now
+        except click.ClickException as e:
+            raise click.ClickException(f"{where}: {e.message}") from None
         L = r.get("max_seq_length", plength)
         if L is None:
             if not isinstance(r.get("length"), int):
@@ -264,8 +268,14 @@ def generate_task(task: str, length: int, n: int, model_path, seed: int = DATA_S
         env = dict(os.environ)
         here = os.path.dirname(os.path.abspath(__file__))
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run([sys.executable, "-c", "import evaluate_ruler; evaluate_ruler._child_main()",
-                               json.dumps(job)], env=env, capture_output=True, text=True)
+        limit = GENERATOR_TIMEOUT_S + 5 * int(n)
+        try:
+            proc = subprocess.run([sys.executable, "-c", "import evaluate_ruler; evaluate_ruler._child_main()",
+                                   json.dumps(job)], env=env, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise click.ClickException(
+                f"RULER's generator did not finish {task} at {length} in {limit} s (its QA generator never "
+                "ends when its first 10 documents exceed the length: use 4096 or more)") from None
         out = Path(tmp) / task / "validation.jsonl"
         if proc.returncode != 0 or not out.is_file():
             tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-8:])
@@ -704,20 +714,20 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, 
         raise click.UsageError("--generate-only generates data: leave out --data")
     if generate_only and not save_data:
         raise click.UsageError("--generate-only needs --save-data DIR")
-    if not data:
-        check_package()                       # before the model loads: a missing package fails at once
-    from llama_min.models import resolve_model
-    try:
-        path = resolve_model(model, progress=True)
-    except (ValueError, RuntimeError, OSError) as e:
-        raise click.ClickException(str(e)) from None
-    if data:
+    if data:                                  # files and package first: their errors need no model
         samples = [r for f in data for r in read_jsonl(f)]
         samples = _select(samples, tasks, lengths, n_samples)
         if not samples:
             raise click.UsageError("no records of --data are left by --tasks / --lengths")
         source = "files " + ", ".join(os.path.basename(f) for f in data)
     else:
+        check_package()
+    from llama_min.models import resolve_model
+    try:
+        path = resolve_model(model, progress=True)
+    except (ValueError, RuntimeError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    if not data:
         tasks, lengths, n = tasks or list(STANDARD_TASKS), lengths or list(DEFAULT_LENGTHS), n_samples or 50
         samples = []
         for L in lengths:
