@@ -697,6 +697,9 @@ def _select(samples, tasks, lengths, n):
 @click.option("--save-data", type=click.Path(file_okay=False), default=None,
               help="Write the generated samples to DIR/<task>_<length>.jsonl.gz (for --data later).")
 @click.option("--generate-only", is_flag=True, help="Generate (and --save-data) only; run no model.")
+@click.option("--merge", "merge_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Instead of running: one report from the --json files of runs split by task, length or "
+                   "setting (repeatable).")
 @click.option("--block-n", type=click.Choice([str(b) for b in ev._block_ns()]), default=None,
               callback=lambda ctx, param, v: None if v is None else int(v),
               help="SANTA tile size (default: santa_cupy's).")
@@ -707,9 +710,15 @@ def _select(samples, tasks, lengths, n):
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               callback=check_output_path, help="Write a PNG plot (needs matplotlib).")
 def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, seeds, max_new_tokens,
-               full_answers, data_seed, save_data, generate_only, block_n, json_path, md_path, plot_path):
+               full_answers, data_seed, save_data, generate_only, merge_files, block_n, json_path, md_path,
+               plot_path):
     """RULER's 13 tasks (NIAH, variable tracking, common/frequent words, QA) with dense and SANTA."""
     t0 = time.time()
+    if merge_files:
+        if data or generate_only:
+            raise click.UsageError("--merge reads finished runs: leave out --data and --generate-only")
+        write_report(merge_runs(merge_files), json_path, md_path, plot_path)
+        return
     if generate_only and data:
         raise click.UsageError("--generate-only generates data: leave out --data")
     if generate_only and not save_data:
@@ -767,6 +776,48 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, 
     results = {"config": config, "summary": summarize(records, labels), "timings": timings(records),
                "records": records}
     write_report(results, json_path, md_path, plot_path)
+
+
+MERGE_SAME = ("model", "kv_dtype", "full_answers", "block_n")
+
+
+def merge_runs(paths) -> dict:
+    """One results dict from the --json files of several runs (e.g. one per length or task group):
+    records united (a record of the same task, length, index, setting and seed must be identical),
+    settings and seeds united in first-seen order, the summary recomputed."""
+    parts = []
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8") as f:
+                part = json.load(f)
+        except (OSError, ValueError) as e:
+            raise click.ClickException(f"cannot read {p}: {e}") from None
+        if not isinstance(part, dict) or not isinstance(part.get("records"), list) or "config" not in part:
+            raise click.ClickException(f"{p} is not the --json output of eval ruler (no 'records')")
+        parts.append((p, part))
+    config = dict(parts[0][1]["config"])
+    seen: dict = {}
+    for p, part in parts:
+        c = part["config"]
+        for k in MERGE_SAME:
+            if c.get(k) != config.get(k):
+                raise click.ClickException(f"{p} differs in {k}: {c.get(k)!r} != {config.get(k)!r}")
+        for k in ("settings", "seeds"):
+            config[k] = list(dict.fromkeys(list(config[k]) + list(c[k])))
+        config.setdefault("setting_fields", {}).update(c.get("setting_fields", {}))
+        for r in part["records"]:
+            key = (r["task"], int(r["max_seq_length"]), r["index"], r["setting"], r["seed"])
+            if key in seen and {k: v for k, v in seen[key].items() if not k.endswith("_s")} != \
+                    {k: v for k, v in r.items() if not k.endswith("_s")}:
+                raise click.ClickException(f"{p}: {key} differs from an earlier run's record")
+            seen[key] = r
+    records = list(seen.values())
+    config["seconds"] = round(sum(part["config"].get("seconds", 0) for _, part in parts), 2)
+    config["merged_from"] = [os.path.basename(p) for p, _ in parts]
+    if len({part["config"]["data"] for _, part in parts}) > 1:
+        config["data"] = "; ".join(dict.fromkeys(part["config"]["data"] for _, part in parts))
+    return {"config": config, "summary": summarize(records, config["settings"]), "timings": timings(records),
+            "records": records}
 
 
 def read_record(r: dict) -> dict:

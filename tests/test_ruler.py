@@ -331,3 +331,25 @@ def test_package_generates_niah_with_our_tokenizer(tmp_path):
     assert recs[0]["outputs"] != recs[1]["outputs"]
     again = er.generate_task("niah_single_1", 1024, 2, tokdir)
     assert [r["input"] for r in again] == [r["input"] for r in recs]         # seeded: reproducible
+
+
+def test_merge_runs_unites_records_and_rejects_conflicts(tmp_path):
+    base = {"model": "m", "device": "cpu", "kv_dtype": "float32", "seeds": [0], "data": "files",
+            "max_new_tokens": 5, "full_answers": False, "block_n": None, "seconds": 2.0}
+    a = [_rec("vt", 4096, "dense", i, 1.0) for i in range(2)] + [_rec("vt", 4096, "iid/fixed/S=16", i, 0.0) for i in range(2)]
+    b = [_rec("vt", 8192, "dense", i, 0.0) for i in range(2)] + [_rec("vt", 8192, "iid/fixed/S=16", i, 1.0) for i in range(2)]
+    labels = ["dense", "iid/fixed/S=16"]
+    for name, recs in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps({"config": {**base, "settings": labels}, "records": recs + a[:1]}))
+    out = tmp_path / "m.json"
+    r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--merge",
+                                             str(tmp_path / "b.json"), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    m = json.loads(out.read_text())
+    assert len(m["records"]) == 8 and m["config"]["seconds"] == 4.0
+    assert m["summary"]["lengths"]["8192"]["settings"]["iid/fixed/S=16"]["tasks"]["vt"]["delta"] == 100.0
+    bad = dict(a[0], score=0.5)
+    (tmp_path / "c.json").write_text(json.dumps({"config": {**base, "settings": labels}, "records": [bad]}))
+    r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--merge",
+                                             str(tmp_path / "c.json")])
+    assert r.exit_code == 1 and "differs from an earlier run" in r.output
