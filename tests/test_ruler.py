@@ -353,3 +353,22 @@ def test_merge_runs_unites_records_and_rejects_conflicts(tmp_path):
     r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--merge",
                                              str(tmp_path / "c.json")])
     assert r.exit_code == 1 and "differs from an earlier run" in r.output
+
+
+def test_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    recs = [_rec("vt", 4096, lab, i, s) for lab in ("dense", "iid/fixed/S=16") for i, s in enumerate([1, 0])]
+    res = {"config": {"settings": ["dense", "iid/fixed/S=16"]},
+           "summary": er.summarize(recs, ["dense", "iid/fixed/S=16"])}
+    er.write_plot(str(tmp_path / "p.png"), res)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_samples_skips_a_prompt_beyond_the_context_and_shortens_a_long_one(tmp_path):
+    from llama_min.model import LlamaModel
+    model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
+    recs = [{"task": "fwe", "max_seq_length": 64, "index": 0, "input": "w" * 70, "outputs": ["x"]},
+            {"task": "fwe", "max_seq_length": 64, "index": 1, "input": "w" * 60, "outputs": ["zzzz"]}]
+    out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=50, full=True)
+    (r,) = out
+    assert r["index"] == 1 and r["max_new_tokens"] == 64 - 60 + 1 and r["new_tokens"] <= 5
