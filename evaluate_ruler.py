@@ -14,7 +14,7 @@ the optional extra ``santa-cupy[ruler]``). This module *calls* them; it copies n
   pretrained English model; NLTK would download its punkt data at run time). Without nupunkt the
   real NLTK is used and needs its punkt data.
 - ``--data FILE.jsonl[.gz] ...``: jsonl files RULER produced (``index``, ``input``, ``outputs``,
-  ``length``, optionally ``answer_prefix``); no package needed.
+  ``length``, optionally ``answer_prefix``; plain, .gz or .xz); no package needed.
 
 Each sample is prefilled once (dense) and every (setting, seed) decodes greedily from a copy of that
 cache (evaluate.prefilled_cache / clone_cache / make_stepper: on the GPU the captured decode step).
@@ -34,6 +34,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import lzma
 import math
 import os
 import re
@@ -131,12 +132,14 @@ def _open_text(path, mode="rt"):
     path = str(path)
     if path.endswith(".gz"):
         return gzip.open(path, mode, encoding="utf-8")
+    if path.endswith(".xz"):
+        return lzma.open(path, mode, encoding="utf-8")
     return open(path, mode, encoding="utf-8")
 
 
 def _stem(path: Path) -> str:
     name = path.name
-    for suffix in (".gz", ".jsonl", ".json"):
+    for suffix in (".gz", ".xz", ".jsonl", ".json"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
@@ -214,11 +217,18 @@ def read_jsonl(path) -> list[dict]:
     return recs
 
 
-def write_jsonl_gz(path, records) -> None:
-    """Deterministic gzip (mtime 0): regenerating the same data gives the same bytes."""
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-        for r in records:
-            gz.write((json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8"))
+def write_jsonl(path, records) -> None:
+    """A jsonl file, compressed by its suffix: .xz (preset 9e: at 8k the essay haystacks of a task
+    repeat across samples beyond gzip's 32 KB window; a third of gzip's size) or .gz (mtime 0).
+    Either way regenerating the same data gives the same bytes."""
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    path = str(path)
+    if path.endswith(".xz"):
+        data = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
+    elif path.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def prompt_text(rec: dict) -> str:
@@ -402,12 +412,18 @@ def greedy_answer(model, tok, cache0, first: int, n: int, attention, stop_ids=()
     return out, tok.decode(out)
 
 
-def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=None, progress=None) -> list:
-    """Every sample (dense prefill once) x every (setting, seed) of runs -> per-run records."""
+def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=None, progress=None,
+                log=False, time_limit=None) -> list:
+    """Every sample (dense prefill once) x every (setting, seed) of runs -> per-run records
+    (log: one line per sample on stderr; time_limit: seconds after which no sample starts)."""
     stop = set(getattr(tok, "eos_ids", []) or []) | set(np.atleast_1d(model.cfg.eos_token_id).tolist())
     P = int(model.cfg.max_position_embeddings)
     out = []
-    for rec in samples:
+    start = time.perf_counter()
+    for k, rec in enumerate(samples):
+        if k and time_limit is not None and time.perf_counter() - start > time_limit:
+            click.echo(f"\n--time-limit {time_limit:g} s: {k} of {len(samples)} samples run", err=True)
+            break
         ids = tok.encode(prompt_text(rec))
         n = max_new or TOKENS_TO_GENERATE[task_family(rec["task"])]
         n = min(n, P - len(ids) + 1)           # RULER's FWE can overshoot its length: a shorter answer
@@ -434,7 +450,16 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
             if progress is not None:
                 progress.update(1)
         del cache0
+        if log:                                    # a log file or pipe: one line per sample
+            mine = out[-len(runs):]
+            click.echo(f"{rec['task']} #{rec['index']} L={rec['max_seq_length']} ({len(ids)} tokens): prefill "
+                       f"{mine[0]['prefill_s']:.1f} s; " + "; ".join(map(_run_note, mine)), err=True)
     return out
+
+
+def _run_note(r: dict) -> str:
+    who = r["setting"] if r["setting"] == "dense" else f"{r['setting']} seed {r['seed']}"
+    return f"{who} {r['score']:.2f} ({r['new_tokens']} tok, {r['decode_s']:.1f} s)"
 
 
 # ============================================================================ summary
@@ -659,17 +684,39 @@ def write_report(results: dict, json_path=None, md_path=None, plot_path=None) ->
 # ============================================================================ CLI
 
 
-def _select(samples, tasks, lengths, n):
-    """Filter by --tasks / --lengths and keep the first n records of each (task, length)."""
+DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.xz")
+
+
+def data_files(paths) -> list[str]:
+    """--data values: files as given, a directory as its *.jsonl / *.jsonl.gz / *.jsonl.xz files."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(DATA_SUFFIXES))
+            if not found:
+                raise click.UsageError(f"--data {p}: a directory without *.jsonl, *.jsonl.gz or *.jsonl.xz files")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def _select(samples, tasks, lengths, n, skip: int = 0):
+    """Filter by --tasks / --lengths, keep records skip .. skip+n-1 of each (task, length), and order
+    them sample-major (sample 0 of every task and length, then sample 1, ...): a run stopped by
+    --time-limit has as many samples of every task."""
     kept, count = [], {}
     for r in samples:
         if (tasks and r["task"] not in tasks) or (lengths and r["max_seq_length"] not in lengths):
             continue
         key = (r["task"], r["max_seq_length"])
-        if n is None or count.get(key, 0) < n:
-            kept.append(r)
-            count[key] = count.get(key, 0) + 1
-    return kept
+        rank = count.get(key, 0)
+        count[key] = rank + 1
+        if rank >= skip and (n is None or rank < skip + n):
+            kept.append((rank, r))
+    order = {t: i for i, t in enumerate(STANDARD_TASKS)}
+    kept.sort(key=lambda x: (x[0], x[1]["max_seq_length"], order.get(x[1]["task"], len(order)), x[1]["task"]))
+    return [r for _, r in kept]
 
 
 @click.command("ruler")
@@ -678,15 +725,22 @@ def _select(samples, tasks, lengths, n):
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="KV/attention dtype (default: float32 on CPU, float16 on GPU).")
-@click.option("--data", "data", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="RULER jsonl (or .jsonl.gz) files to run instead of generating (repeatable; task from "
-                   "a 'task' field or the file name <task>[_<length>].jsonl or <task>/validation.jsonl).")
+@click.option("--data", "data", multiple=True, type=click.Path(exists=True),
+              help="RULER jsonl (or .jsonl.gz / .jsonl.xz) files, or a directory of them, to run instead of "
+                   "generating (repeatable; task from a 'task' field or the file name <task>[_<length>].jsonl "
+                   "or <task>/validation.jsonl).")
 @click.option("--tasks", type=ev.CommaList(click.Choice(STANDARD_TASKS)), default=None,
               help="Comma list of RULER tasks [all 13 standard tasks].")
 @click.option("--lengths", type=ev.OPTION_TYPES["lengths"], default=None,
               help="max_seq_length of the generated samples (prompt + answer tokens) [4096,8192].")
 @click.option("--samples", "n_samples", type=click.IntRange(min=1), default=None,
               help="Samples per task and length [generation: 50; --data: every record].")
+@click.option("--skip", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Leave out the first N samples of every task and length (with --samples: a slice, to split "
+                   "a run into parts for --merge).")
+@click.option("--time-limit", type=click.FloatRange(min=0), default=None,
+              help="Start no sample after this many seconds of running the model; report those done "
+                   "(samples run in sample-major order, so every task has about as many).")
 @click.option("--settings", type=SettingList(), default=",".join(DEFAULT_SETTINGS), show_default=True,
               help="Comma list: 'dense' or sampler/budget/S=N (dense always runs).")
 @click.option("--seeds", type=ev.OPTION_TYPES["seeds"], default="0", show_default=True,
@@ -698,7 +752,7 @@ def _select(samples, tasks, lengths, n):
 @click.option("--data-seed", type=click.IntRange(min=0), default=DATA_SEED, show_default=True,
               help="Random seed of RULER's generators.")
 @click.option("--save-data", type=click.Path(file_okay=False), default=None,
-              help="Write the generated samples to DIR/<task>_<length>.jsonl.gz (for --data later).")
+              help="Write the generated samples to DIR/<task>_<length>.jsonl.xz (for --data later).")
 @click.option("--generate-only", is_flag=True, help="Generate (and --save-data) only; run no model.")
 @click.option("--merge", "merge_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Instead of running: one report from the --json files of runs split by task, length or "
@@ -712,7 +766,7 @@ def _select(samples, tasks, lengths, n):
               callback=check_output_path, help="Also write the Markdown report to a file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               callback=check_output_path, help="Write a PNG plot (needs matplotlib).")
-def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, seeds, max_new_tokens,
+def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, skip, time_limit, settings, seeds, max_new_tokens,
                full_answers, data_seed, save_data, generate_only, merge_files, block_n, json_path, md_path,
                plot_path):
     """RULER's 13 tasks (NIAH, variable tracking, common/frequent words, QA) with dense and SANTA."""
@@ -727,11 +781,12 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, 
     if generate_only and not save_data:
         raise click.UsageError("--generate-only needs --save-data DIR")
     if data:                                  # files and package first: their errors need no model
-        samples = [r for f in data for r in read_jsonl(f)]
-        samples = _select(samples, tasks, lengths, n_samples)
+        files = data_files(data)
+        samples = [r for f in files for r in read_jsonl(f)]
+        samples = _select(samples, tasks, lengths, n_samples, skip)
         if not samples:
-            raise click.UsageError("no records of --data are left by --tasks / --lengths")
-        source = "files " + ", ".join(os.path.basename(f) for f in data)
+            raise click.UsageError("no records of --data are left by --tasks / --lengths / --skip")
+        source = "files " + ", ".join(os.path.basename(f) for f in files)
     else:
         check_package()
     from llama_min.models import resolve_model
@@ -749,14 +804,14 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, 
                 click.echo(f"generated {t} at {L}: {len(recs)} samples in {time.time() - tg:.1f} s", err=True)
                 if save_data:
                     os.makedirs(save_data, exist_ok=True)
-                    write_jsonl_gz(os.path.join(save_data, f"{t}_{L}.jsonl.gz"), recs)
+                    write_jsonl(os.path.join(save_data, f"{t}_{L}.jsonl.xz"), recs)
                 samples += recs
         source = (f"generated by {PACKAGE} {_pkg_version()} (seed {data_seed}, sentence splitter "
                   f"{sentence_splitter()}, tokenizer of the model)")
         if generate_only:
             click.echo(f"wrote {len(samples)} samples to {save_data}", err=True)
             return
-        samples = [read_record(r) for r in samples]
+        samples = _select([read_record(r) for r in samples], None, None, None, skip)
     settings = [ev.DENSE] + [s for s in settings if s != ev.DENSE]
     runs = [(ev.DENSE, 0)] + [(s, int(seed)) for s in settings[1:] for seed in seeds]
     from llama_min.model import LlamaModel
@@ -769,7 +824,8 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, settings, 
     except (ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     with ev._progress(len(samples) * len(runs), "eval ruler") as bar:
-        records = run_samples(lm, tok, samples, runs, max_new_tokens, full_answers, block_n, bar)
+        records = run_samples(lm, tok, samples, runs, max_new_tokens, full_answers, block_n, bar,
+                              log=not sys.stderr.isatty(), time_limit=time_limit)
     labels = [s.label for s in settings]
     config = {"model": str(path), "device": dev, "kv_dtype": lm.kv_dtype, "settings": labels,
               "setting_fields": {s.label: asdict(s) for s in settings}, "seeds": list(seeds),

@@ -81,6 +81,7 @@ def test_task_and_length_from_path():
     assert er.task_and_length_from_path("d/niah_single_1_4096.jsonl.gz") == ("niah_single_1", 4096)
     assert er.task_and_length_from_path("run/8192/data/qa_1/validation.jsonl") == ("qa_1", 8192)
     assert er.task_and_length_from_path("somewhere/cwe.jsonl") == ("cwe", None)
+    assert er.task_and_length_from_path("d/qa_2_8192.jsonl.xz") == ("qa_2", 8192)
 
 
 def test_read_jsonl_plain_and_gz(tmp_path):
@@ -124,14 +125,17 @@ def test_read_jsonl_unknown_task_and_unreadable_gz(tmp_path):
         er.read_jsonl(bad)
 
 
-def test_write_jsonl_gz_round_trip_and_deterministic(tmp_path):
-    recs = [{"task": "fwe", "max_seq_length": 4096, "index": 0, "input": "ü x", "outputs": ["x"], "length": 5}]
-    a, b = tmp_path / "fwe_4096.jsonl.gz", tmp_path / "b" / "fwe_4096.jsonl.gz"
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.xz"])
+def test_write_jsonl_round_trip_and_deterministic(tmp_path, suffix):
+    recs = [{"task": "fwe", "max_seq_length": 4096, "index": i, "input": "ü x", "outputs": ["x"], "length": 5}
+            for i in range(2)]
+    a, b = tmp_path / f"fwe_4096{suffix}", tmp_path / "b" / f"fwe_4096{suffix}"
     b.parent.mkdir()
-    er.write_jsonl_gz(a, recs)
-    er.write_jsonl_gz(b, recs)
+    er.write_jsonl(a, recs)
+    er.write_jsonl(b, recs)
     assert a.read_bytes() == b.read_bytes()
-    assert er.read_jsonl(a)[0]["input"] == "ü x"
+    got = er.read_jsonl(a)
+    assert [r["index"] for r in got] == [0, 1] and got[0]["input"] == "ü x" and got[0]["task"] == "fwe"
 
 
 # ------------------------------------------------------------------------------ settings
@@ -279,6 +283,7 @@ def test_cli_on_tiny_model_with_data(tmp_path, monkeypatch):
     b = res["summary"]["lengths"]["64"]
     assert b["settings"]["dense"]["tasks"]["niah_single_1"]["n"] == 3
     assert "## L = 64" in md.read_text() and "niah_single_1" in r.output
+    assert "niah_single_1 #2 L=64 (17 tokens): prefill" in r.output        # one line per sample
     # --full-answers decodes every token of the solved sample too
     r = CliRunner().invoke(ev.eval_command, [
         "ruler", "--model", str(path), "--device", "cpu", "--data", str(data), "--settings", "dense",
@@ -372,3 +377,27 @@ def test_run_samples_skips_a_prompt_beyond_the_context_and_shortens_a_long_one(t
     out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=50, full=True)
     (r,) = out
     assert r["index"] == 1 and r["max_new_tokens"] == 64 - 60 + 1 and r["new_tokens"] <= 5
+
+
+def test_select_slices_and_orders_sample_major(tmp_path):
+    recs = [{"task": t, "max_seq_length": L, "index": i} for t in ("qa_1", "vt") for L in (4096, 8192)
+            for i in range(4)]
+    got = er._select(recs, None, None, 2, skip=1)
+    assert [(r["index"], r["max_seq_length"], r["task"]) for r in got] == [
+        (1, 4096, "vt"), (1, 4096, "qa_1"), (1, 8192, "vt"), (1, 8192, "qa_1"),
+        (2, 4096, "vt"), (2, 4096, "qa_1"), (2, 8192, "vt"), (2, 8192, "qa_1")]
+    assert len(er._select(recs, ["vt"], [8192], None)) == 4
+    _write(tmp_path / "vt_4096.jsonl", [{"input": "q", "outputs": ["a"]}])
+    (tmp_path / "notes.txt").write_text("x")
+    assert er.data_files([str(tmp_path)]) == [str(tmp_path / "vt_4096.jsonl")]
+    (tmp_path / "e").mkdir()
+    with pytest.raises(click.UsageError, match="without"):
+        er.data_files([str(tmp_path / "e")])
+
+
+def test_time_limit_stops_before_the_next_sample(tmp_path):
+    from llama_min.model import LlamaModel
+    model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
+    recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": "abc" * 5, "outputs": ["q"]} for i in range(3)]
+    out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=2, time_limit=0.0)
+    assert [r["index"] for r in out] == [0]
