@@ -474,9 +474,12 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n)
 
 
-def samples_to_resolve(se_diff_points: float, n: int, points: float = RESOLVE_POINTS) -> int:
+def samples_to_resolve(se_diff_points: float, n: int, points: float = RESOLVE_POINTS) -> int | None:
     """Samples per task at which a difference of `points` is two standard errors, given the
-    standard error se_diff_points of the difference measured with n samples per task."""
+    standard error se_diff_points of the difference measured with n samples per task (None when
+    that is 0: no spread seen, nothing to scale)."""
+    if se_diff_points <= 0:
+        return None
     return max(1, math.ceil(n * (2.0 * se_diff_points / points) ** 2))
 
 
@@ -612,13 +615,17 @@ def report_markdown(results: dict) -> str:
             a = b["settings"][lab].get("parity_average") or b["settings"][lab].get("average")
             if a is None or lab == "dense":
                 continue
+            unseen = f"- (no spread at n={a['n']})"
             stat.append([L, lab, a["tasks"], a["n"], f"{a['se']:.2f}", f"{a['delta_se']:.2f}",
-                         a["samples_to_resolve_2pt_independent"], a["samples_to_resolve_2pt_paired"]])
+                         a["samples_to_resolve_2pt_independent"] or unseen,
+                         a["samples_to_resolve_2pt_paired"] or unseen])
     parts.append("## Resolution\n\nA 2-point difference on the (parity) average is resolved when it is two "
                  "standard errors of the difference. Independent samples: SE of the difference = "
                  "hypot(SE setting, SE dense); paired (same samples, as here): the standard error of the "
-                 "per-sample differences. Samples per task needed = n (2 SE / 2)^2. Worst case (every task "
-                 "at p = 0.5, 13 tasks, independent samples): 385 per task.\n\n" + ev.markdown_table(
+                 "per-sample differences. Samples per task needed = n (2 SE / 2)^2. Worst case for 13 tasks, "
+                 "independent samples, every task at p = 0.5: 385 per task. Paired, with a fraction d of "
+                 "the samples scored 1 apart: about 770 d per task (50 samples resolve 2 points while "
+                 "d <= 6.5 %).\n\n" + ev.markdown_table(
                      ["L", "setting", "tasks", "n per task", "SE of average", "SE of paired Δ",
                       "samples for 2 pts (independent)", "samples for 2 pts (paired)"], stat))
     tm = results["timings"]

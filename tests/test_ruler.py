@@ -169,6 +169,11 @@ def test_binomial_se_and_samples_to_resolve():
     # SE of a difference 2 points at n = 50: 2 points is one SE, four times the samples make it two
     assert er.samples_to_resolve(2.0, 50) == 200
     assert er.samples_to_resolve(0.5, 50) == 13
+    assert er.samples_to_resolve(0.0, 5) is None                 # no spread seen: nothing to scale
+    # the report's paired rule: 13 tasks, a fraction d of samples 1 apart -> about 770 d per task
+    d, n = 0.065, 50
+    per_task_se = 100 * math.sqrt(d / n)                          # std of the differences ~ sqrt(d)
+    assert er.samples_to_resolve(math.sqrt(13 * per_task_se ** 2) / 13, n) == pytest.approx(770 * d, abs=1)
     # the report's worst case: 13 tasks at p = 0.5, independent samples -> 385 per task
     def needed(n):
         se_avg = math.sqrt(13 * (100 * er.binomial_se(0.5, n)) ** 2) / 13
