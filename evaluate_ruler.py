@@ -803,11 +803,20 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, skip, time
         raise click.ClickException(str(e)) from None
     if not data:
         tasks, lengths, n = tasks or list(STANDARD_TASKS), lengths or list(DEFAULT_LENGTHS), n_samples or 50
+        from llama_min.config import load_config
+        try:
+            P = load_config(path).max_position_embeddings
+        except (ValueError, OSError) as e:
+            raise click.ClickException(str(e)) from None
+        over = [L for L in lengths if L > P]
+        if over:
+            raise click.BadParameter(f"{', '.join(map(str, over))} beyond the model's context ({P} tokens)",
+                                     param_hint="'--lengths'")
         samples = []
         for L in lengths:
             for t in tasks:
                 tg = time.time()
-                recs = generate_task(t, L, n, path, data_seed)
+                recs = generate_task(t, L, skip + n, path, data_seed)      # --skip leaves out the first
                 click.echo(f"generated {t} at {L}: {len(recs)} samples in {time.time() - tg:.1f} s", err=True)
                 if save_data:
                     os.makedirs(save_data, exist_ok=True)

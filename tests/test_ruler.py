@@ -406,3 +406,12 @@ def test_time_limit_stops_before_the_next_sample(tmp_path):
     recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": "abc" * 5, "outputs": ["q"]} for i in range(3)]
     out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=2, time_limit=0.0)
     assert [r["index"] for r in out] == [0]
+
+
+def test_cli_generation_lengths_beyond_the_model_fail_before_generating(tmp_path, monkeypatch):
+    monkeypatch.setattr(er, "check_package", lambda: tmp_path)
+    called = []
+    monkeypatch.setattr(er, "generate_task", lambda *a: called.append(a) or [])
+    path = make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0]
+    r = CliRunner().invoke(ev.eval_command, ["ruler", "--model", str(path), "--lengths", "32,128", "--tasks", "vt"])
+    assert r.exit_code == 2 and "128 beyond the model's context (64 tokens)" in r.output and not called
