@@ -267,7 +267,8 @@ def test_cli_on_tiny_model_with_data(tmp_path, monkeypatch):
     (tmp_path / "m").mkdir()
     path = make_tiny(tmp_path / "m", H=4, KVH=2, layers=2, max_pos=64)[0]
     data = _write(tmp_path / "niah_single_1.jsonl.gz", [
-        {"index": 0, "input": "the magic number is", "outputs": [""], "length": 25, "max_seq_length": 64},      # solved at once
+        # an empty reference is found at once: the early stop after one token
+        {"index": 0, "input": "the magic number is", "outputs": [""], "length": 25, "max_seq_length": 64},
         {"index": 1, "input": "what is the code", "outputs": ["zzqqzzqq"], "length": 22, "max_seq_length": 64},  # never
         {"index": 2, "input": "third prompt here", "outputs": ["x"], "length": 23, "max_seq_length": 64}], gz=True)
     out, md = tmp_path / "r.json", tmp_path / "r.md"
@@ -346,8 +347,8 @@ def test_package_generates_niah_with_our_tokenizer(tmp_path):
 def test_merge_runs_unites_records_and_rejects_conflicts(tmp_path):
     base = {"model": "m", "device": "cpu", "kv_dtype": "float32", "seeds": [0], "data": "files",
             "max_new_tokens": 5, "full_answers": False, "block_n": None, "seconds": 2.0}
-    a = [_rec("vt", 4096, "dense", i, 1.0) for i in range(2)] + [_rec("vt", 4096, "iid/fixed/S=16", i, 0.0) for i in range(2)]
-    b = [_rec("vt", 8192, "dense", i, 0.0) for i in range(2)] + [_rec("vt", 8192, "iid/fixed/S=16", i, 1.0) for i in range(2)]
+    a = [_rec("vt", 4096, lab, i, float(lab == "dense")) for lab in ("dense", "iid/fixed/S=16") for i in range(2)]
+    b = [_rec("vt", 8192, lab, i, float(lab != "dense")) for lab in ("dense", "iid/fixed/S=16") for i in range(2)]
     labels = ["dense", "iid/fixed/S=16"]
     for name, recs in (("a.json", a), ("b.json", b)):
         (tmp_path / name).write_text(json.dumps({"config": {**base, "settings": labels}, "records": recs + a[:1]}))
