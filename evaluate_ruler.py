@@ -435,6 +435,8 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
             continue
         t0 = time.perf_counter()
         cache0 = ev.prefilled_cache(model, ids[:-1], len(ids) + n - 1)
+        if model.xp is not np:                 # CuPy runs asynchronously: the prefill's own time
+            model.xp.cuda.Device().synchronize()
         prefill_s = time.perf_counter() - t0
         refs = rec["outputs"]
         done = None if full else (lambda text, task=rec["task"], refs=refs: score(task, text, refs) >= 1.0)
