@@ -1125,3 +1125,7 @@ def eval_merge(files, json_path, md_path, plot_path):
 def eval_all(**kw):
     """kernel, model and retrieval with one model load."""
     _run(["kernel", "model", "retrieval"], **kw)
+
+
+# `eval ruler` lives in evaluate_ruler.py, which adds itself to eval_command (either import order works)
+import evaluate_ruler  # noqa: E402,F401
