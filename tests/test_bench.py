@@ -72,8 +72,8 @@ def test_method_lists():
     assert bench.methods.parse_method("santa-global-iid-64-stream").backend == "stream"
     assert bench.methods.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.methods.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
-    assert bench.methods.SANTA_SUFFIX_OPTIONS[bench.methods.parse_method("santa-global-systematic-256-always").backend] == \
-        {"santa_min_length": 0}
+    always = bench.methods.parse_method("santa-global-systematic-256-always")
+    assert bench.methods.SANTA_SUFFIX_OPTIONS[always.backend] == {"santa_min_length": 0}
     assert bench.methods.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     for gone in ("santa-global-systematic-256-mma_ring", "dense-async", "santa-global-iid-64-async"):
         with pytest.raises(click.BadParameter):            # removed kernel versions (v3, the K ring)
@@ -115,7 +115,8 @@ def test_bytes_santa():
     assert bench.accounting.attention_bytes(lr, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
     assert bench.accounting.attention_bytes(fixed, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo
     # reading every V row without a stash is exactly the dense byte count
-    assert bench.accounting.attention_bytes(fixed, LLAMA, B, L, B * L * 8) == bench.accounting.attention_bytes(Method("dense"), LLAMA, B, L)
+    assert bench.accounting.attention_bytes(fixed, LLAMA, B, L, B * L * 8) == \
+        bench.accounting.attention_bytes(Method("dense"), LLAMA, B, L)
     with pytest.raises(ValueError, match="rows_read"):
         bench.accounting.attention_bytes(glob, LLAMA, B, L)
 
@@ -181,7 +182,8 @@ def test_write_outputs(tmp_path, capsys):
     rows = bench.accounting.add_derived(_rows(), 5.0)
     meta = dict(bench.report.run_metadata("kernels"), gpu="X")
     js, md = tmp_path / "b.json", tmp_path / "b.md"
-    bench.report.write_outputs(meta, None, rows, bench.report.kernel_table(rows), json_path=str(js), markdown_path=str(md))
+    bench.report.write_outputs(meta, None, rows, bench.report.kernel_table(rows), json_path=str(js),
+                               markdown_path=str(md))
     data = json.loads(js.read_text())
     assert data["meta"]["command"] == "kernels" and "date" in data["meta"] and len(data["rows"]) == 5
     assert md.read_text() in capsys.readouterr().out
@@ -519,7 +521,8 @@ def test_kernels_cli_runs_the_peers_it_can_import(monkeypatch, tmp_path, importa
     monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer_module() if importable else None)
     monkeypatch.setattr(bench.kernels, "_cupy", lambda: types.SimpleNamespace())
     monkeypatch.setattr(bench.kernels, "_optional_torch", lambda: types.SimpleNamespace(__version__="2.9"))
-    monkeypatch.setattr(bench.kernels, "gpu_metadata", lambda cp, torch=None: {"gpu": "stand-in", "l2_bytes": 1, "sms": 1})
+    monkeypatch.setattr(bench.kernels, "gpu_metadata",
+                        lambda cp, torch=None: {"gpu": "stand-in", "l2_bytes": 1, "sms": 1})
     us = {"dense": 40.0, "santa-global-systematic-256": 20.0, "torch-cudnn": 38.0, "torch-flash": 45.0, "flashinfer": 30.0}
     calls = []
 

@@ -443,8 +443,9 @@ def test_eval_layers_beyond_the_model_rejected_given_clamped_preset():
         ev.config.check_lengths_fit(ev.config.resolve_config(True, layers="0,99"), 8192, ["kernel"], 30)
     with pytest.raises(click.BadParameter, match="-31 out of range"):
         ev.config.check_lengths_fit(ev.config.resolve_config(True, layers="-31"), 8192, ["kernel"], 30)
-    assert ev.config.check_lengths_fit(ev.config.resolve_config(True, layers="0,99"), 8192, ["model"], 30) == []  # unused there
-    assert ev.config.check_lengths_fit(ev.config.resolve_config(True), 8192, ["kernel"], 2) == []   # the preset's 0,14,29
+    fit, resolve = ev.config.check_lengths_fit, ev.config.resolve_config
+    assert fit(resolve(True, layers="0,99"), 8192, ["model"], 30) == []  # unused there
+    assert fit(resolve(True), 8192, ["kernel"], 2) == []   # the preset's 0,14,29
     assert ev.config.select_layers("0,14,29", 2) == [0, 1]
     with pytest.raises(click.BadParameter, match="14, 29 out of range") as e:
         ev.config.select_layers("0,14,29", 2, clamp=False)
