@@ -1,4 +1,4 @@
-"""CPU tests of bench.py's pure parts: argument parsing, grid expansion, byte accounting, derived
+"""CPU tests of santa_tools.bench's pure parts: argument parsing, grid expansion, byte accounting, derived
 numbers, table/JSON formatting and argument errors. The GPU paths are exercised on the H200 only."""
 
 import json
@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench  # noqa: E402
-from bench import Method, SHAPES  # noqa: E402
+from santa_tools import bench  # noqa: E402
+from santa_tools.bench.methods import Method, SHAPES  # noqa: E402
 
 LLAMA = SHAPES["llama8b"]
 
@@ -22,27 +22,27 @@ LLAMA = SHAPES["llama8b"]
 @pytest.mark.parametrize("text,want", [("32k", 32768), ("8K", 8192), ("128k", 131072), ("8192", 8192),
                                        (" 1m ", 1 << 20)])
 def test_parse_size(text, want):
-    assert bench.parse_size(text) == want
+    assert bench.methods.parse_size(text) == want
 
 
 @pytest.mark.parametrize("text", ["", "k", "0", "-5", "3.5k", "32kb", "abc"])
 def test_parse_size_errors(text):
     with pytest.raises(click.BadParameter, match="context"):
-        bench.parse_size(text)
+        bench.methods.parse_size(text)
 
 
 def test_parse_list():
-    assert bench.parse_list("1,4,16", "batch") == [1, 4, 16]
-    assert bench.parse_list("8k, 32k,", "context") == [8192, 32768]
-    assert bench.parse_list("llama8b,smollm2", "shape", bench.parse_shape) == [LLAMA, SHAPES["smollm2"]]
+    assert bench.methods.parse_list("1,4,16", "batch") == [1, 4, 16]
+    assert bench.methods.parse_list("8k, 32k,", "context") == [8192, 32768]
+    assert bench.methods.parse_list("llama8b,smollm2", "shape", bench.methods.parse_shape) == [LLAMA, SHAPES["smollm2"]]
     with pytest.raises(click.BadParameter, match="empty"):
-        bench.parse_list(" , ", "batch")
+        bench.methods.parse_list(" , ", "batch")
     with pytest.raises(click.BadParameter, match="unknown shape"):
-        bench.parse_shape("llama70b")
+        bench.methods.parse_shape("llama70b")
 
 
 def test_expand_grid_order():
-    grid = bench.expand_grid([LLAMA, SHAPES["smollm2"]], [1, 16], [8192, 32768])
+    grid = bench.methods.expand_grid([LLAMA, SHAPES["smollm2"]], [1, 16], [8192, 32768])
     assert len(grid) == 8
     assert grid[0] == (LLAMA, 1, 8192) and grid[1] == (LLAMA, 1, 32768) and grid[2] == (LLAMA, 16, 8192)
     assert grid[-1] == (SHAPES["smollm2"], 16, 32768)
@@ -51,46 +51,46 @@ def test_expand_grid_order():
 @pytest.mark.parametrize("name", ["dense", "flashinfer", "torch-flash", "torch-cudnn", "santa-global-systematic-256",
                                   "santa-largest_remainder-iid-128", "santa-fixed-stratified-2048"])
 def test_method_roundtrip(name):
-    assert bench.parse_method(name).name == name
+    assert bench.methods.parse_method(name).name == name
 
 
 @pytest.mark.parametrize("name", ["sparse", "santa-global-systematic", "santa-foo-iid-256", "santa-global-iid-0",
                                   "santa-global-iid-x", "torch-math", "torch"])
 def test_method_errors(name):
     with pytest.raises(click.BadParameter, match="unknown method"):
-        bench.parse_method(name)
+        bench.methods.parse_method(name)
 
 
 def test_method_lists():
-    default = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=True)]
+    default = [m.name for m in bench.methods.method_list(have_torch=True, have_flashinfer=True)]
     ours = ["dense", "dense-stream", "santa-global-systematic-256", "santa-global-systematic-256-always",
             "santa-global-systematic-256-block", "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always"]
     assert default == ours + ["torch-flash", "torch-cudnn", "torch-efficient", "flashinfer"]
-    assert [m.name for m in bench.method_list()] == ours
-    quick = [m.name for m in bench.method_list(quick=True, have_torch=True, have_flashinfer=True)]
+    assert [m.name for m in bench.methods.method_list()] == ours
+    quick = [m.name for m in bench.methods.method_list(quick=True, have_torch=True, have_flashinfer=True)]
     assert quick == ours + ["torch-flash", "torch-cudnn", "flashinfer"]        # every peer, --quick too
-    assert bench.parse_method("santa-global-iid-64-stream").backend == "stream"
-    assert bench.parse_method("santa-fixed-systematic-2048-block").backend == "block"
-    assert bench.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
-    assert bench.SANTA_SUFFIX_OPTIONS[bench.parse_method("santa-global-systematic-256-always").backend] == \
-        {"santa_min_length": 0}
-    assert bench.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
+    assert bench.methods.parse_method("santa-global-iid-64-stream").backend == "stream"
+    assert bench.methods.parse_method("santa-fixed-systematic-2048-block").backend == "block"
+    assert bench.methods.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    always = bench.methods.parse_method("santa-global-systematic-256-always")
+    assert bench.methods.SANTA_SUFFIX_OPTIONS[always.backend] == {"santa_min_length": 0}
+    assert bench.methods.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     for gone in ("santa-global-systematic-256-mma_ring", "dense-async", "santa-global-iid-64-async"):
         with pytest.raises(click.BadParameter):            # removed kernel versions (v3, the K ring)
-            bench.parse_method(gone)
+            bench.methods.parse_method(gone)
     with pytest.raises(click.BadParameter):                # warp_smem became the only warp pass 2
-        bench.parse_method("santa-fixed-systematic-2048-warpsmem")
-    assert bench.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"
-    assert bench.parse_method("dense-mma") == Method("dense", backend="mma")
-    assert bench.parse_method("dense-stream").name == "dense-stream"
-    assert bench.parse_method("santa-global-iid-64-mma").name == "santa-global-iid-64-mma"
+        bench.methods.parse_method("santa-fixed-systematic-2048-warpsmem")
+    assert bench.methods.parse_method("santa-global-systematic-256-tpw1").backend == "tpw1"
+    assert bench.methods.parse_method("dense-mma") == Method("dense", backend="mma")
+    assert bench.methods.parse_method("dense-stream").name == "dense-stream"
+    assert bench.methods.parse_method("santa-global-iid-64-mma").name == "santa-global-iid-64-mma"
     with pytest.raises(click.BadParameter):
-        bench.parse_method("santa-global-iid-64-fast")
-    full = bench.method_list(full=True, have_torch=True)
+        bench.methods.parse_method("santa-global-iid-64-fast")
+    full = bench.methods.method_list(full=True, have_torch=True)
     santa = [m for m in full if m.kind == "santa"]
     assert len(santa) == 3 * 3 * 4 and len({m.name for m in santa}) == 36
     assert {m.samples for m in santa} == {128, 256, 512, 2048}
-    assert [m.name for m in bench.method_list(["dense", "torch-flash"])] == ["dense", "torch-flash"]
+    assert [m.name for m in bench.methods.method_list(["dense", "torch-flash"])] == ["dense", "torch-flash"]
     assert Method("torch", backend="flash").external and not Method("dense").external
 
 
@@ -98,9 +98,9 @@ def test_bytes_dense_and_external():
     B, L = 4, 32768
     kv = 2 * B * L * 8 * 128 * 2
     qo = 2 * B * 32 * 128 * 2
-    assert bench.kv_bytes(LLAMA, B, L) == kv
-    assert bench.attention_bytes(Method("dense"), LLAMA, B, L) == kv + qo
-    assert bench.attention_bytes(Method("torch", backend="flash"), LLAMA, B, L) == kv + qo
+    assert bench.accounting.kv_bytes(LLAMA, B, L) == kv
+    assert bench.accounting.attention_bytes(Method("dense"), LLAMA, B, L) == kv + qo
+    assert bench.accounting.attention_bytes(Method("torch", backend="flash"), LLAMA, B, L) == kv + qo
 
 
 def test_bytes_santa():
@@ -108,27 +108,28 @@ def test_bytes_santa():
     k = B * L * 8 * 128 * 2
     qo = 2 * B * 32 * 128 * 2
     stash = B * 32 * L * 4 * 2
-    glob = bench.parse_method("santa-global-systematic-256")
-    fixed = bench.parse_method("santa-fixed-systematic-2048")
-    lr = bench.parse_method("santa-largest_remainder-systematic-256")
-    assert bench.attention_bytes(glob, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
-    assert bench.attention_bytes(lr, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
-    assert bench.attention_bytes(fixed, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo
+    glob = bench.methods.parse_method("santa-global-systematic-256")
+    fixed = bench.methods.parse_method("santa-fixed-systematic-2048")
+    lr = bench.methods.parse_method("santa-largest_remainder-systematic-256")
+    assert bench.accounting.attention_bytes(glob, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
+    assert bench.accounting.attention_bytes(lr, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo + stash
+    assert bench.accounting.attention_bytes(fixed, LLAMA, B, L, rows) == k + rows * 128 * 2 + qo
     # reading every V row without a stash is exactly the dense byte count
-    assert bench.attention_bytes(fixed, LLAMA, B, L, B * L * 8) == bench.attention_bytes(Method("dense"), LLAMA, B, L)
+    assert bench.accounting.attention_bytes(fixed, LLAMA, B, L, B * L * 8) == \
+        bench.accounting.attention_bytes(Method("dense"), LLAMA, B, L)
     with pytest.raises(ValueError, match="rows_read"):
-        bench.attention_bytes(glob, LLAMA, B, L)
+        bench.accounting.attention_bytes(glob, LLAMA, B, L)
 
 
 def test_copies_for():
     l2 = 60 * 10**6
-    assert bench.copies_for(10**6, l2, 10**12) == bench.MAX_COPIES           # tiny: capped
-    assert bench.copies_for(134 * 10**6, l2, 10**12) == 2                      # 2 x 134 MB >= 180 MB
-    assert bench.copies_for(2 * 10**9, l2, 10**12) == 1                        # one copy already >> L2
-    assert bench.copies_for(10**8, l2, 1.5e8) == 1                             # budget caps
-    assert bench.copies_for(3 * 10**9, l2, 2 * 10**9) == 0                     # does not fit
-    n = bench.copies_for(7 * 10**6, l2, 10**12)
-    assert n * 7 * 10**6 >= bench.L2_FACTOR * l2 and (n - 1) * 7 * 10**6 < bench.L2_FACTOR * l2
+    assert bench.accounting.copies_for(10**6, l2, 10**12) == bench.methods.MAX_COPIES           # tiny: capped
+    assert bench.accounting.copies_for(134 * 10**6, l2, 10**12) == 2                      # 2 x 134 MB >= 180 MB
+    assert bench.accounting.copies_for(2 * 10**9, l2, 10**12) == 1                        # one copy already >> L2
+    assert bench.accounting.copies_for(10**8, l2, 1.5e8) == 1                             # budget caps
+    assert bench.accounting.copies_for(3 * 10**9, l2, 2 * 10**9) == 0                     # does not fit
+    n = bench.accounting.copies_for(7 * 10**6, l2, 10**12)
+    assert n * 7 * 10**6 >= bench.methods.L2_FACTOR * l2 and (n - 1) * 7 * 10**6 < bench.methods.L2_FACTOR * l2
 
 
 def _rows():
@@ -141,7 +142,7 @@ def _rows():
 
 
 def test_add_derived():
-    rows = bench.add_derived(_rows(), 5.0)
+    rows = bench.accounting.add_derived(_rows(), 5.0)
     dense, santa, flash, cudnn, other = rows
     assert dense["tbps"] == pytest.approx(10.0) and dense["pct_ceiling"] == pytest.approx(200.0)
     assert santa["tbps"] == pytest.approx(10.0)
@@ -152,36 +153,37 @@ def test_add_derived():
     # the largest x_dense a row's bytes allow: our dense 40 µs over its bytes at 5 TB/s
     assert santa["x_dense_bound"] == pytest.approx(40.0 / 40.0) and dense["x_dense_bound"] == pytest.approx(40.0 / 80.0)
     assert cudnn["x_dense_bound"] is None
-    assert bench.add_derived(_rows(), None)[0]["pct_ceiling"] is None
-    assert bench.add_derived(_rows(), None)[1]["x_dense_bound"] is None
+    assert bench.accounting.add_derived(_rows(), None)[0]["pct_ceiling"] is None
+    assert bench.accounting.add_derived(_rows(), None)[1]["x_dense_bound"] is None
 
 
 def test_kernel_table_and_header():
-    rows = bench.add_derived(_rows(), 5.0)
-    table = bench.kernel_table(rows)
+    rows = bench.accounting.add_derived(_rows(), 5.0)
+    table = bench.report.kernel_table(rows)
     lines = table.strip().splitlines()
     assert len(lines) == 2 + len(rows)
-    assert all(line.count("|") == len(bench.KERNEL_COLUMNS) + 1 for line in lines)   # "|" in notes escaped
+    assert all(line.count("|") == len(bench.report.KERNEL_COLUMNS) + 1 for line in lines)   # "|" in notes escaped
     assert ("| llama8b | santa-global-systematic-256 | 1 | 32k | 20.0 | 200 MB | 10.00 | 200% | 2.00x | 2.50x (FA2) | "
             "1.00x | 2.50x | 3.00% |") in table
     assert "| llama8b | torch-flash | 1 | 32k | 50.0 | 400 MB | 8.00 | 160% | 0.80x | - |" in table   # peers: no column
     assert "| - | - |" in table                                                        # skipped row
     meta = {"command": "kernels", "gpu": "NVIDIA H200", "cupy": "14.2", "date": "2026", "commit": None}
-    head = bench.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 2 << 30, "copy_tbps": 4.2})
+    head = bench.report.header_markdown(meta, {"read_tbps": 4.6, "read_bytes": 2 << 30, "copy_tbps": 4.2})
     assert "NVIDIA H200" in head and "4.60 TB/s" in head and "commit" not in head
 
 
 def test_fmt():
-    assert bench.fmt_bytes(None) == "-" and bench.fmt_bytes(512) == "512 B"
-    assert bench.fmt_bytes(2.5e9) == "2.5 GB" and bench.fmt_bytes(134217728) == "134 MB"
-    assert bench.fmt_context(32768) == "32k" and bench.fmt_context(1000) == "1000"
+    assert bench.report.fmt_bytes(None) == "-" and bench.report.fmt_bytes(512) == "512 B"
+    assert bench.report.fmt_bytes(2.5e9) == "2.5 GB" and bench.report.fmt_bytes(134217728) == "134 MB"
+    assert bench.report.fmt_context(32768) == "32k" and bench.report.fmt_context(1000) == "1000"
 
 
 def test_write_outputs(tmp_path, capsys):
-    rows = bench.add_derived(_rows(), 5.0)
-    meta = dict(bench.run_metadata("kernels"), gpu="X")
+    rows = bench.accounting.add_derived(_rows(), 5.0)
+    meta = dict(bench.report.run_metadata("kernels"), gpu="X")
     js, md = tmp_path / "b.json", tmp_path / "b.md"
-    bench.write_outputs(meta, None, rows, bench.kernel_table(rows), json_path=str(js), markdown_path=str(md))
+    bench.report.write_outputs(meta, None, rows, bench.report.kernel_table(rows), json_path=str(js),
+                               markdown_path=str(md))
     data = json.loads(js.read_text())
     assert data["meta"]["command"] == "kernels" and "date" in data["meta"] and len(data["rows"]) == 5
     assert md.read_text() in capsys.readouterr().out
@@ -192,10 +194,10 @@ def test_plot_has_latency_and_speedup_panels(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
     rows = _rows() + [dict(r, L=131072, us=r["us"] and 2 * r["us"]) for r in _rows()]
-    rows = bench.add_derived(rows, 5.0)
+    rows = bench.accounting.add_derived(rows, 5.0)
     figures = []
     monkeypatch.setattr(plt.Figure, "savefig", lambda fig, path, **kw: figures.append((fig, path)))
-    bench.plot_rows(rows, str(tmp_path / "p.png"))
+    bench.report.plot_rows(rows, str(tmp_path / "p.png"))
     (fig, path), = figures
     axes = fig.axes                                   # 2 rows x 2 panels (llama8b B=1, B=16)
     assert len(axes) == 4 and path.endswith("p.png")
@@ -207,7 +209,7 @@ def test_plot_has_latency_and_speedup_panels(tmp_path, monkeypatch):
     colour = {line.get_label(): line.get_color() for line in latency_b1.get_lines()}
     assert all(line.get_color() == colour[line.get_label()] for line in speedup_b1.get_lines() if line.get_label() in colour)
     monkeypatch.undo()
-    bench.plot_rows(rows, str(tmp_path / "real.png"))
+    bench.report.plot_rows(rows, str(tmp_path / "real.png"))
     assert (tmp_path / "real.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -240,10 +242,10 @@ def test_measure_ceiling_times_every_launch_shape_over_rotating_buffers(monkeypa
         assert len({buf for _, _, buf, _ in mine}) == 2                      # alternates over both buffers
         return shape_us[mine[0][0]], "graph"
 
-    monkeypatch.setattr(bench, "time_cupy_graph", fake_graph)
-    monkeypatch.setattr(bench, "_device_copy_us", lambda cp_, n: 1000.0)
-    c = bench.measure_ceiling(cp, read_bytes=1 << 12, copy_bytes=1 << 20)
-    assert {(g, t) for g, t, _, _ in launched} == {(132 * p, t) for p, t in bench.STREAM_LAUNCHES}
+    monkeypatch.setattr(bench.timing, "time_cupy_graph", fake_graph)
+    monkeypatch.setattr(bench.timing, "_device_copy_us", lambda cp_, n: 1000.0)
+    c = bench.timing.measure_ceiling(cp, read_bytes=1 << 12, copy_bytes=1 << 20)
+    assert {(g, t) for g, t, _, _ in launched} == {(132 * p, t) for p, t in bench.timing.STREAM_LAUNCHES}
     assert all(n16 == (1 << 12) // 16 for *_, n16 in launched)
     assert c["read_tbps"] == pytest.approx((1 << 12) / 400e-6 / 1e12)
     assert c["read_launch"].startswith("2 blocks/SM x 1024 threads")
@@ -253,21 +255,21 @@ def test_measure_ceiling_times_every_launch_shape_over_rotating_buffers(monkeypa
 def test_run_metadata_tolerates_missing_git(monkeypatch):
     def boom(*a, **k):
         raise OSError("no git")
-    monkeypatch.setattr(bench.subprocess, "run", boom)
-    assert bench.run_metadata("e2e")["commit"] is None
+    monkeypatch.setattr(bench.report.subprocess, "run", boom)
+    assert bench.report.run_metadata("e2e")["commit"] is None
 
 
 def test_e2e_bytes_llama8b():
-    m = bench.LLAMA8B_MODEL
-    b = bench.e2e_bytes(m, 1, 32768)
+    m = bench.e2e.LLAMA8B_MODEL
+    b = bench.e2e.e2e_bytes(m, 1, 32768)
     assert b["kv"] == 32 * 2 * 32768 * 8 * 128 * 2                       # 4.29 GB
     assert 15.0e9 < b["weights"] < 15.1e9                                  # 7.5 B params minus the embedding, fp16
     assert b["total"] == b["weights"] + b["kv"]
-    rows = bench.e2e_derived([{"method": "dense", "B": 2, "L": 32768, "ms": 10.0},
+    rows = bench.e2e.e2e_derived([{"method": "dense", "B": 2, "L": 32768, "ms": 10.0},
                               {"method": "santa-global-systematic-256", "B": 2, "L": 32768, "ms": 8.0}], 4.0, 3.2 * 10**10)
     assert rows[0]["floor_ms"] == pytest.approx(8.0) and rows[0]["pct_floor"] == pytest.approx(80.0)
     assert rows[1]["x_dense"] == pytest.approx(1.25) and rows[1]["tok_s"] == pytest.approx(250.0)
-    table = bench.e2e_table(rows)
+    table = bench.report.e2e_table(rows)
     assert table.count("\n") == 4 and "| santa-global-systematic-256 | 2 | 32k | 8.00 | 250.0 | 8.00 | 100% | 1.25x |" in table
 
 
@@ -304,7 +306,7 @@ def test_cli_without_gpu_says_so():
 
 
 def test_cli_registers_bench():
-    import cli
+    from santa_tools import cli
     assert "bench" in cli.main.commands
     assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e", "stages", "products"}
 
@@ -356,7 +358,7 @@ class _FakeCupy:
 def test_time_cupy_graph_control_flow(capture_ok):
     cp = _FakeCupy(capture_ok)
     fns = [lambda i=i: cp.calls.append(i) for i in range(3)]
-    us, mode = bench.time_cupy_graph(cp, fns, n_inner=6, repeats=5, warmup=2)
+    us, mode = bench.timing.time_cupy_graph(cp, fns, n_inner=6, repeats=5, warmup=2)
     assert us == pytest.approx(2000.0 / 6)                   # 2 ms per replay of 6 calls
     assert cp.calls[:3] == [0, 1, 2]                          # warm-up of every copy first
     if capture_ok:
@@ -370,7 +372,7 @@ def test_time_cupy_graph_control_flow(capture_ok):
 def test_stage_table_and_argument_errors():
     rows = [{"stage": "whole call", "us": 10.0, "share": 1.2}, {"stage": "score + prefix", "us": 6.0, "share": 0.75},
             {"stage": "merge", "us": 2.0, "share": 0.25}]
-    text = bench.stage_table("santa", rows)
+    text = bench.report.stage_table("santa", rows)
     assert "| whole call | 10.0 | - |" in text and "| score + prefix | 6.0 | 75% |" in text
     from click.testing import CliRunner
     res = CliRunner().invoke(bench.bench, ["stages", "--methods", "torch-flash"])
@@ -385,7 +387,7 @@ def test_products_argument_errors():
 
 
 def test_weight_shapes_are_the_8b_layer():
-    shapes = bench.weight_shapes(bench.LLAMA8B_MODEL)
+    shapes = bench.e2e.weight_shapes(bench.e2e.LLAMA8B_MODEL)
     assert shapes == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                       "lm_head": (128256, 4096)}
 
@@ -424,7 +426,7 @@ def flashinfer_seq_lens(indptr, last_page_len, page_size):
                                             (3, 50, 4, 2), (2, 1, 1, 1), (4, 8191, 512, 15)])
 def test_paged_layout(B, L, pages, last):
     np = pytest.importorskip("numpy")
-    lay = bench.PagedLayout(B, L)
+    lay = bench.paged.PagedLayout(B, L)
     assert lay.page_rows == 16 and lay.pages_per_seq == pages and lay.capacity == 16 * pages
     assert lay.free_view == (L % 16 == 0)
     indptr, indices, last_len = lay.indptr(), lay.indices(), lay.last_page_len()
@@ -440,8 +442,8 @@ def test_paged_cache_is_a_free_view_or_a_padded_copy(L):
     np = pytest.importorskip("numpy")
     B, KVH, D = 3, 2, 4
     cache = np.arange(B * L * KVH * D, dtype=np.uint16).reshape(B, L, KVH, D)
-    lay = bench.PagedLayout(B, L)
-    pages = bench.paged_cache(np, cache, lay)
+    lay = bench.paged.PagedLayout(B, L)
+    pages = bench.paged.paged_cache(np, cache, lay)
     assert pages.shape == (B * lay.pages_per_seq, 16, KVH, D)
     assert np.shares_memory(pages, cache) == (L % 16 == 0)                          # no copy when aligned
     indptr, indices, last = lay.indptr(), lay.indices(), lay.last_page_len()
@@ -449,7 +451,7 @@ def test_paged_cache_is_a_free_view_or_a_padded_copy(L):
         rows = np.concatenate([pages[p] for p in indices[indptr[b]:indptr[b + 1]]])[:(lay.pages_per_seq - 1) * 16 + last[b]]
         assert np.array_equal(rows, cache[b])
     with pytest.raises(ValueError, match="does not match"):
-        bench.paged_cache(np, cache, bench.PagedLayout(B, L + 1))
+        bench.paged.paged_cache(np, cache, bench.paged.PagedLayout(B, L + 1))
 
 
 def _peer_rows():
@@ -464,7 +466,7 @@ def _peer_rows():
 
 
 def test_best_peer_column():
-    rows = bench.add_derived(_peer_rows(), 5.0)
+    rows = bench.accounting.add_derived(_peer_rows(), 5.0)
     by = {(r["L"], r["method"]): r for r in rows}
     santa = by[32768, "santa-global-systematic-256"]
     # the fastest of cuDNN, FA2 and FlashInfer (28 µs), not torch's efficient backend (10 µs, not a peer)
@@ -476,8 +478,8 @@ def test_best_peer_column():
         assert by[32768, peer]["x_peer"] is None and by[32768, peer]["best_peer"] is None
     lone = by[8192, "santa-global-systematic-256"]            # its only peer failed: blank, not 0 or inf
     assert lone["x_peer"] is None and lone["best_peer"] is None and lone["x_external"] == pytest.approx(0.5)
-    assert bench.best_peer(rows) == ("flashinfer", 28.0) and bench.best_peer(rows[:3]) is None
-    table = bench.kernel_table(rows)
+    assert bench.accounting.best_peer(rows) == ("flashinfer", 28.0) and bench.accounting.best_peer(rows[:3]) is None
+    table = bench.report.kernel_table(rows)
     assert "| 2.00x | 1.40x (FlashInfer) |" in table and "| 1.00x | 0.70x (FlashInfer) |" in table
     assert "| llama8b | santa-global-systematic-256 | 4 | 8k | 10.0 | 100 MB | 10.00 | 200% | - | - |" in table
     header = table.splitlines()[0].split(" | ")
@@ -487,9 +489,9 @@ def test_best_peer_column():
 
 
 def test_best_peer_in_json(tmp_path, capsys):
-    rows = bench.add_derived(_peer_rows(), 5.0)
+    rows = bench.accounting.add_derived(_peer_rows(), 5.0)
     js = tmp_path / "b.json"
-    bench.write_outputs({"command": "kernels"}, None, rows, bench.kernel_table(rows), json_path=str(js))
+    bench.report.write_outputs({"command": "kernels"}, None, rows, bench.report.kernel_table(rows), json_path=str(js))
     santa = next(r for r in json.loads(js.read_text())["rows"] if r["method"] == "santa-global-systematic-256")
     assert santa["best_peer"] == "flashinfer" and santa["x_peer"] == pytest.approx(1.4)
 
@@ -502,14 +504,14 @@ def _fake_flashinfer_module(version="0.6.13"):
 
 def test_flashinfer_in_every_method_list_when_it_imports(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer_module())
-    fi = bench._optional_flashinfer()
+    fi = bench.gpu._optional_flashinfer()
     assert fi is sys.modules["flashinfer"]
     for kw in ({}, {"quick": True}, {"full": True}):
-        names = [m.name for m in bench.method_list(have_torch=True, have_flashinfer=fi is not None, **kw)]
+        names = [m.name for m in bench.methods.method_list(have_torch=True, have_flashinfer=fi is not None, **kw)]
         assert names[-1] == "flashinfer" and {"torch-cudnn", "torch-flash"} <= set(names)
     monkeypatch.setitem(sys.modules, "flashinfer", None)                  # `import flashinfer` fails
-    assert bench._optional_flashinfer() is None
-    assert "flashinfer" not in [m.name for m in bench.method_list(have_torch=True, have_flashinfer=False)]
+    assert bench.gpu._optional_flashinfer() is None
+    assert "flashinfer" not in [m.name for m in bench.methods.method_list(have_torch=True, have_flashinfer=False)]
 
 
 @pytest.mark.parametrize("importable", [True, False])
@@ -517,9 +519,10 @@ def test_kernels_cli_runs_the_peers_it_can_import(monkeypatch, tmp_path, importa
     """bench kernels --quick with FlashInfer importable (a mock module) or not: the methods handed to
     bench_config, and x best peer in the JSON and Markdown (stand-ins for the GPU parts)."""
     monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer_module() if importable else None)
-    monkeypatch.setattr(bench, "_cupy", lambda: types.SimpleNamespace())
-    monkeypatch.setattr(bench, "_optional_torch", lambda: types.SimpleNamespace(__version__="2.9"))
-    monkeypatch.setattr(bench, "gpu_metadata", lambda cp, torch=None: {"gpu": "stand-in", "l2_bytes": 1, "sms": 1})
+    monkeypatch.setattr(bench.kernels, "_cupy", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(bench.kernels, "_optional_torch", lambda: types.SimpleNamespace(__version__="2.9"))
+    monkeypatch.setattr(bench.kernels, "gpu_metadata",
+                        lambda cp, torch=None: {"gpu": "stand-in", "l2_bytes": 1, "sms": 1})
     us = {"dense": 40.0, "santa-global-systematic-256": 20.0, "torch-cudnn": 38.0, "torch-flash": 45.0, "flashinfer": 30.0}
     calls = []
 
@@ -528,7 +531,7 @@ def test_kernels_cli_runs_the_peers_it_can_import(monkeypatch, tmp_path, importa
         return [dict(shape=shape.name, B=B, L=L, method=m.name, external=m.external, bytes=10**8,
                      us=us.get(m.name, 50.0)) for m in methods]
 
-    monkeypatch.setattr(bench, "bench_config", fake_config)
+    monkeypatch.setattr(bench.kernels, "bench_config", fake_config)
     js, md = tmp_path / "k.json", tmp_path / "k.md"
     result = CliRunner().invoke(bench.bench, ["kernels", "--quick", "--no-ceiling", "--json", str(js), "--markdown", str(md)])
     assert result.exit_code == 0, result.output
@@ -540,7 +543,7 @@ def test_kernels_cli_runs_the_peers_it_can_import(monkeypatch, tmp_path, importa
     santa = next(r for r in data["rows"] if r["method"] == "santa-global-systematic-256")
     want = ("flashinfer", 30.0) if importable else ("torch-cudnn", 38.0)
     assert santa["best_peer"] == want[0] and santa["x_peer"] == pytest.approx(want[1] / 20.0)
-    label = bench.PEERS[want[0]]
+    label = bench.methods.PEERS[want[0]]
     assert f"| {want[1] / 20.0:.2f}x ({label}) |" in md.read_text()
 
 
@@ -609,7 +612,7 @@ class _FakeDecodeWrapper:
         assert k_cache.dtype == (plan["kv_data_type"] or plan["q_data_type"])
         self.runs.append(dict(k=k_cache, out=out, enable_pdl=enable_pdl))
         H, KVH, D = plan["heads"]
-        f32 = lambda a: bench.bf16_to_float32(np, np.ascontiguousarray(a).view(np.uint16))  # noqa: E731
+        f32 = lambda a: bench.peers.bf16_to_float32(np, np.ascontiguousarray(a).view(np.uint16))  # noqa: E731
         for b in range(len(plan["last"])):
             pages = plan["indices"][plan["indptr"][b]:plan["indptr"][b + 1]]
             n = (len(pages) - 1) * plan["page_size"] + plan["last"][b]
@@ -629,7 +632,7 @@ def _fake_flashinfer():
     return mod
 
 
-TINY = bench.Shape("tiny", heads=4, kv_heads=2, head_dim=8)
+TINY = bench.methods.Shape("tiny", heads=4, kv_heads=2, head_dim=8)
 
 
 def _bf16_inputs(B, L, copies=2, seed=0):
@@ -653,8 +656,8 @@ def flashinfer_stand_ins(monkeypatch):
         timed.append(n_inner)
         return 7.5, "graph"
 
-    monkeypatch.setattr(bench, "time_torch_graph", fake_timer)
-    monkeypatch.setattr(bench, "_flashinfer_broken", {"planned": False, "why": None})
+    monkeypatch.setattr(bench.peers, "time_torch_graph", fake_timer)
+    monkeypatch.setattr(bench.peers, "_flashinfer_broken", {"planned": False, "why": None})
     return _numpy_torch(), _fake_flashinfer(), _NumpyAsCupy(), timed
 
 
@@ -664,7 +667,7 @@ def test_bench_flashinfer_calls_the_0_6_13_api_on_16_row_pages(flashinfer_stand_
     torch, fi, cp, timed = flashinfer_stand_ins
     B = 3
     inputs = _bf16_inputs(B, L)
-    row = bench.bench_flashinfer(torch, fi, cp, TINY, B, L, inputs, n_inner=4, repeats=3)
+    row = bench.peers.bench_flashinfer(torch, fi, cp, TINY, B, L, inputs, n_inner=4, repeats=3)
     assert row["us"] == 7.5 and row["timing"] == "graph", row
     assert row["check_error"] < 0.01                                    # bf16 rounding of the output only
     (w,) = _FakeDecodeWrapper.made
@@ -685,9 +688,9 @@ def test_bench_flashinfer_refuses_a_wrong_page_table(flashinfer_stand_ins, monke
     """The output check is what makes a wrong view fail before it is timed."""
     torch, fi, cp, timed = flashinfer_stand_ins
     np = pytest.importorskip("numpy")
-    monkeypatch.setattr(bench.PagedLayout, "indices", lambda self: np.arange(self.batch * self.pages_per_seq,
+    monkeypatch.setattr(bench.paged.PagedLayout, "indices", lambda self: np.arange(self.batch * self.pages_per_seq,
                                                                             dtype=np.int32)[::-1].copy())
-    row = bench.bench_flashinfer(torch, fi, cp, TINY, 2, 64, _bf16_inputs(2, 64), n_inner=2, repeats=3)
+    row = bench.peers.bench_flashinfer(torch, fi, cp, TINY, 2, 64, _bf16_inputs(2, 64), n_inner=2, repeats=3)
     assert row["us"] is None and "differs from the exact reference" in row["note"] and row["check_error"] > 0.1
     assert timed == []
 
@@ -701,8 +704,8 @@ def test_bench_flashinfer_stops_after_a_failed_first_plan(flashinfer_stand_ins, 
         raise RuntimeError("Ninja build failed.\nlong log")
 
     monkeypatch.setattr(_FakeDecodeWrapper, "plan", broken_plan)
-    first = bench.bench_flashinfer(torch, fi, cp, TINY, 1, 32, _bf16_inputs(1, 32), n_inner=2, repeats=3)
-    again = bench.bench_flashinfer(torch, fi, cp, TINY, 2, 32, _bf16_inputs(2, 32), n_inner=2, repeats=3)
+    first = bench.peers.bench_flashinfer(torch, fi, cp, TINY, 1, 32, _bf16_inputs(1, 32), n_inner=2, repeats=3)
+    again = bench.peers.bench_flashinfer(torch, fi, cp, TINY, 2, 32, _bf16_inputs(2, 32), n_inner=2, repeats=3)
     assert first["us"] is None and first["note"] == "failed: RuntimeError: Ninja build failed."
     assert again["us"] is None and again["note"].startswith("skipped: FlashInfer did not plan") and tries == [1]
 
@@ -710,13 +713,13 @@ def test_bench_flashinfer_stops_after_a_failed_first_plan(flashinfer_stand_ins, 
 def test_reference_decode_matches_a_loop():
     np = pytest.importorskip("numpy")
     (q, k, v), = _bf16_inputs(2, 20, copies=1, seed=3)
-    f = lambda a: bench.bf16_to_float32(np, a)  # noqa: E731
-    o = bench.reference_decode(np, q, k, v, 1, "bfloat16")
+    f = lambda a: bench.peers.bf16_to_float32(np, a)  # noqa: E731
+    o = bench.peers.reference_decode(np, q, k, v, 1, "bfloat16")
     for h in range(TINY.heads):
         s = f(k[1, :, h // 2]) @ f(q[1, h]) / np.sqrt(TINY.head_dim)
         w = np.exp(s - s.max())
         assert np.allclose(o[h], (w / w.sum()) @ f(v[1, :, h // 2]), rtol=1e-5, atol=1e-6)
-    assert bench.bf16_to_float32(np, np.array([0x3F80, 0xC000], np.uint16)).tolist() == [1.0, -2.0]
+    assert bench.peers.bf16_to_float32(np, np.array([0x3F80, 0xC000], np.uint16)).tolist() == [1.0, -2.0]
 
 
 def _source_gpu_check(script, tmp_path, pythonpath, **env):

@@ -2,7 +2,7 @@
 
 from click.testing import CliRunner
 
-import cli
+from santa_tools import cli
 
 
 def test_group_lists_every_command():

@@ -252,7 +252,7 @@ def test_cli_generate_bad_kv_cache_options(ckpt, args, match):
 @pytest.mark.parametrize("args,match", [(["--kv-cache", "paged", "--page-size", "300"], "1<=x<=256"),
                                         (["--page-size", "16"], "--page-size needs --kv-cache paged")])
 def test_bench_e2e_bad_kv_cache_options(args, match):
-    import bench
+    from santa_tools import bench
     res = CliRunner().invoke(bench.bench, ["e2e", *args])
     assert res.exit_code == 2 and match in res.output, res.output
 
@@ -260,7 +260,7 @@ def test_bench_e2e_bad_kv_cache_options(args, match):
 def test_bench_e2e_paged_cache_is_shuffled_and_filled(tiny):
     """bench e2e --kv-cache paged's cache (on NumPy here): every page of the pool random, the
     context's pages reserved in shuffled order; contiguous stays as it was."""
-    import bench
+    from santa_tools import bench
     model, _ = tiny
 
     class FakeCupy:                           # NumPy, with CuPy's random.standard_normal(n, dtype=)
@@ -269,13 +269,13 @@ def test_bench_e2e_paged_cache_is_shuffled_and_filled(tiny):
         def __getattr__(self, name):
             return getattr(np, name)
 
-    c = bench.e2e_cache(model, 2, 40, 8)
+    c = bench.e2e.e2e_cache(model, 2, 40, 8)
     assert c.paged and c.page_size == 8
-    bench._fill_random_kv(FakeCupy(), model, c, 33)
+    bench.e2e._fill_random_kv(FakeCupy(), model, c, 33)
     assert c.length == 33 and list(c.lengths) == [33, 33] and list(c.pages_held) == [5, 5]
     assert np.all(c.k[1] != 0) and np.all(c.v[0] != 0)
     assert c.table[:, :5].tolist() != [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
-    assert not bench.e2e_cache(model, 2, 40, None).paged
+    assert not bench.e2e.e2e_cache(model, 2, 40, None).paged
 
 
 # ------------------------------------------------------------------ GPU (marker gpu)
@@ -443,7 +443,7 @@ def test_gpu_bench_e2e_on_a_paged_cache(tmp_path):
     """bench e2e --kv-cache paged: the tiny checkpoint's decode step on a shuffled page pool through
     GraphDecoder, both methods; the JSON says which cache it timed."""
     _cupy()
-    import bench
+    from santa_tools import bench
     path, _, _ = make_tiny(tmp_path, H=4, KVH=2, max_pos=512)
     out = tmp_path / "e2e.json"
     res = CliRunner().invoke(bench.bench, ["e2e", "--model", str(path), "--context", "300", "--steps", "3",

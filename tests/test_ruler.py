@@ -1,4 +1,4 @@
-"""evaluate_ruler.py: RULER's metrics on hand-made cases, the jsonl reader, the report's statistics,
+"""santa_tools.evaluation.ruler: RULER's metrics on hand-made cases, the jsonl reader, the report's statistics,
 the CLI on a tiny random model (no RULER package, no network), and (when the package is installed)
 its generator on a byte-level tokenizer."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import evaluate as ev
-import evaluate_ruler as er
+from santa_tools import evaluation as ev
+from santa_tools.evaluation import ruler as er
 from test_model import make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,42 +24,42 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_string_match_all_is_the_fraction_of_references_found():
-    assert er.string_match_all("The numbers are 1234567 and 7654321.", ["1234567", "7654321"]) == 1.0
-    assert er.string_match_all("only 1234567", ["1234567", "7654321", "111", "1234"]) == 0.5
-    assert er.string_match_all("nothing here", ["1234567"]) == 0.0
-    assert er.string_match_all("ANSWER: Blue-Whale", ["blue-whale"]) == 1.0        # case-insensitive
+    assert er.scoring.string_match_all("The numbers are 1234567 and 7654321.", ["1234567", "7654321"]) == 1.0
+    assert er.scoring.string_match_all("only 1234567", ["1234567", "7654321", "111", "1234"]) == 0.5
+    assert er.scoring.string_match_all("nothing here", ["1234567"]) == 0.0
+    assert er.scoring.string_match_all("ANSWER: Blue-Whale", ["blue-whale"]) == 1.0        # case-insensitive
     with pytest.raises(ValueError):
-        er.string_match_all("x", [])
+        er.scoring.string_match_all("x", [])
 
 
 def test_string_match_part_is_any_reference():
-    assert er.string_match_part("Paris, of course", ["Paris", "the city of Paris"]) == 1.0
-    assert er.string_match_part("london", ["Paris", "Lyon"]) == 0.0
-    assert er.string_match_part("PARIS", ["paris", "zzz"]) == 1.0
-    assert er.string_match_part("the city of paris", ["paris", "city of paris"]) == 1.0
+    assert er.scoring.string_match_part("Paris, of course", ["Paris", "the city of Paris"]) == 1.0
+    assert er.scoring.string_match_part("london", ["Paris", "Lyon"]) == 0.0
+    assert er.scoring.string_match_part("PARIS", ["paris", "zzz"]) == 1.0
+    assert er.scoring.string_match_part("the city of paris", ["paris", "city of paris"]) == 1.0
 
 
 def test_postprocess_strips_and_turns_control_characters_into_newlines():
-    assert er.postprocess_pred("  7 \n") == "7"
-    assert er.postprocess_pred("a\x01b\tc") == "a\nb\nc"
-    assert er.postprocess_pred(None) == ""
+    assert er.scoring.postprocess_pred("  7 \n") == "7"
+    assert er.scoring.postprocess_pred("a\x01b\tc") == "a\nb\nc"
+    assert er.scoring.postprocess_pred(None) == ""
     # a reference with a tab no longer matches (the prediction's tab became a newline), as in RULER
-    assert er.string_match_all("x a\tb", ["a\tb"]) == 0.0
+    assert er.scoring.string_match_all("x a\tb", ["a\tb"]) == 0.0
 
 
 def test_score_picks_the_metric_of_the_task():
     refs = ["alpha", "beta"]
-    assert er.score("niah_multivalue", "alpha only", refs) == 0.5       # string_match_all
-    assert er.score("qa_2", "alpha only", refs) == 1.0                  # string_match_part
-    assert er.score("cwe", "alpha beta", refs) == 1.0
-    assert er.score("niah_custom_x", "beta", refs) == 0.5               # niah* family
+    assert er.scoring.score("niah_multivalue", "alpha only", refs) == 0.5       # string_match_all
+    assert er.scoring.score("qa_2", "alpha only", refs) == 1.0                  # string_match_part
+    assert er.scoring.score("cwe", "alpha beta", refs) == 1.0
+    assert er.scoring.score("niah_custom_x", "beta", refs) == 0.5               # niah* family
     with pytest.raises(click.ClickException, match="unknown RULER task"):
-        er.score("summaries", "x", refs)
+        er.scoring.score("summaries", "x", refs)
 
 
 def test_every_standard_task_has_a_family_and_token_count():
-    assert len(er.STANDARD_TASKS) == 13
-    counts = {t: er.TOKENS_TO_GENERATE[er.task_family(t)] for t in er.STANDARD_TASKS}
+    assert len(er.tasks.STANDARD_TASKS) == 13
+    counts = {t: er.tasks.TOKENS_TO_GENERATE[er.scoring.task_family(t)] for t in er.tasks.STANDARD_TASKS}
     assert counts["niah_single_1"] == 128 and counts["vt"] == 30 and counts["cwe"] == 120
     assert counts["fwe"] == 50 and counts["qa_1"] == 32
 
@@ -78,24 +78,24 @@ def _write(path, records, gz=False):
 
 
 def test_task_and_length_from_path():
-    assert er.task_and_length_from_path("d/niah_single_1_4096.jsonl.gz") == ("niah_single_1", 4096)
-    assert er.task_and_length_from_path("run/8192/data/qa_1/validation.jsonl") == ("qa_1", 8192)
-    assert er.task_and_length_from_path("somewhere/cwe.jsonl") == ("cwe", None)
-    assert er.task_and_length_from_path("d/qa_2_8192.jsonl.xz") == ("qa_2", 8192)
+    assert er.data.task_and_length_from_path("d/niah_single_1_4096.jsonl.gz") == ("niah_single_1", 4096)
+    assert er.data.task_and_length_from_path("run/8192/data/qa_1/validation.jsonl") == ("qa_1", 8192)
+    assert er.data.task_and_length_from_path("somewhere/cwe.jsonl") == ("cwe", None)
+    assert er.data.task_and_length_from_path("d/qa_2_8192.jsonl.xz") == ("qa_2", 8192)
 
 
 def test_read_jsonl_plain_and_gz(tmp_path):
     recs = [{"index": 0, "input": "Question? Answer:", "outputs": ["7"], "length": 3900},
             {"index": 1, "input": "Q2", "outputs": ["a", "b"], "length": 3000, "answer_prefix": " A:"}]
     for gz, name in ((False, "vt.jsonl"), (True, "vt.jsonl.gz")):
-        got = er.read_jsonl(_write(tmp_path / name, recs, gz))
+        got = er.data.read_jsonl(_write(tmp_path / name, recs, gz))
         assert [r["task"] for r in got] == ["vt", "vt"]
         assert [r["max_seq_length"] for r in got] == [4096, 4096]        # next power of two of 'length'
         assert got[1]["outputs"] == ["a", "b"] and got[1]["answer_prefix"] == " A:"
-    assert er.prompt_text(got[1]) == "Q2 A:"
-    assert er.prompt_text({"input": "Q2 A:", "answer_prefix": " A:"}) == "Q2 A:"       # not twice
+    assert er.data.prompt_text(got[1]) == "Q2 A:"
+    assert er.data.prompt_text({"input": "Q2 A:", "answer_prefix": " A:"}) == "Q2 A:"       # not twice
     # a 'task' / 'max_seq_length' field beats the name
-    got = er.read_jsonl(_write(tmp_path / "x_1024.jsonl", [{"task": "qa_1", "max_seq_length": 2048,
+    got = er.data.read_jsonl(_write(tmp_path / "x_1024.jsonl", [{"task": "qa_1", "max_seq_length": 2048,
                                                            "input": "q", "outputs": ["r"]}]))
     assert got[0]["task"] == "qa_1" and got[0]["max_seq_length"] == 2048 and got[0]["index"] == 0
 
@@ -113,16 +113,16 @@ def test_read_jsonl_bad_files_are_one_clear_error(tmp_path, lines, match):
     path = tmp_path / "vt.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(click.ClickException, match=match):
-        er.read_jsonl(path)
+        er.data.read_jsonl(path)
 
 
 def test_read_jsonl_unknown_task_and_unreadable_gz(tmp_path):
     with pytest.raises(click.ClickException, match=r"essays\.jsonl:1: unknown RULER task 'essays'"):
-        er.read_jsonl(_write(tmp_path / "essays.jsonl", [{"input": "q", "outputs": ["a"], "length": 9}]))
+        er.data.read_jsonl(_write(tmp_path / "essays.jsonl", [{"input": "q", "outputs": ["a"], "length": 9}]))
     bad = tmp_path / "vt.jsonl.gz"
     bad.write_bytes(b"not gzip at all")
     with pytest.raises(click.ClickException, match="cannot read"):
-        er.read_jsonl(bad)
+        er.data.read_jsonl(bad)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.xz"])
@@ -131,10 +131,10 @@ def test_write_jsonl_round_trip_and_deterministic(tmp_path, suffix):
             for i in range(2)]
     a, b = tmp_path / f"fwe_4096{suffix}", tmp_path / "b" / f"fwe_4096{suffix}"
     b.parent.mkdir()
-    er.write_jsonl(a, recs)
-    er.write_jsonl(b, recs)
+    er.data.write_jsonl(a, recs)
+    er.data.write_jsonl(b, recs)
     assert a.read_bytes() == b.read_bytes()
-    got = er.read_jsonl(a)
+    got = er.data.read_jsonl(a)
     assert [r["index"] for r in got] == [0, 1] and got[0]["input"] == "ü x" and got[0]["task"] == "fwe"
 
 
@@ -142,15 +142,15 @@ def test_write_jsonl_round_trip_and_deterministic(tmp_path, suffix):
 
 
 def test_parse_setting_uses_the_setting_labels():
-    st = er.parse_setting("systematic/global/S=256")
-    assert st == ev.Setting("santa", "systematic", "global", 256) and st.label == "systematic/global/S=256"
-    assert er.parse_setting("dense") is ev.DENSE
-    assert er.parse_setting(" iid/fixed/S=2048 ").samples == 2048
+    st = er.runs.parse_setting("systematic/global/S=256")
+    assert st == ev.settings.Setting("santa", "systematic", "global", 256) and st.label == "systematic/global/S=256"
+    assert er.runs.parse_setting("dense") is ev.settings.DENSE
+    assert er.runs.parse_setting(" iid/fixed/S=2048 ").samples == 2048
     for bad in ("systematic/global", "foo/global/S=4", "iid/one_pass/S=256", "iid/fixed/S=0", "S=256"):
         with pytest.raises(click.BadParameter):
-            er.parse_setting(bad)
-    labels = [s.label for s in er.SettingList().convert(",".join(er.DEFAULT_SETTINGS), None, None)]
-    assert labels == list(er.DEFAULT_SETTINGS)
+            er.runs.parse_setting(bad)
+    labels = [s.label for s in er.runs.SettingList().convert(",".join(er.tasks.DEFAULT_SETTINGS), None, None)]
+    assert labels == list(er.tasks.DEFAULT_SETTINGS)
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -162,22 +162,22 @@ def _rec(task, L, setting, index, score, seed=0):
 
 
 def test_binomial_se_and_samples_to_resolve():
-    assert er.binomial_se(0.75, 4) == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
-    assert er.binomial_se(1.0, 10) == 0.0
+    assert er.summary.binomial_se(0.75, 4) == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
+    assert er.summary.binomial_se(1.0, 10) == 0.0
     with pytest.raises(ValueError):
-        er.binomial_se(0.5, 0)
+        er.summary.binomial_se(0.5, 0)
     # SE of a difference 2 points at n = 50: 2 points is one SE, four times the samples make it two
-    assert er.samples_to_resolve(2.0, 50) == 200
-    assert er.samples_to_resolve(0.5, 50) == 13
-    assert er.samples_to_resolve(0.0, 5) is None                 # no spread seen: nothing to scale
+    assert er.summary.samples_to_resolve(2.0, 50) == 200
+    assert er.summary.samples_to_resolve(0.5, 50) == 13
+    assert er.summary.samples_to_resolve(0.0, 5) is None                 # no spread seen: nothing to scale
     # the report's paired rule: 13 tasks, a fraction d of samples 1 apart -> about 770 d per task
     d, n = 0.065, 50
     per_task_se = 100 * math.sqrt(d / n)                          # std of the differences ~ sqrt(d)
-    assert er.samples_to_resolve(math.sqrt(13 * per_task_se ** 2) / 13, n) == pytest.approx(770 * d, abs=1)
+    assert er.summary.samples_to_resolve(math.sqrt(13 * per_task_se ** 2) / 13, n) == pytest.approx(770 * d, abs=1)
     # the report's worst case: 13 tasks at p = 0.5, independent samples -> 385 per task
     def needed(n):
-        se_avg = math.sqrt(13 * (100 * er.binomial_se(0.5, n)) ** 2) / 13
-        return er.samples_to_resolve(math.hypot(se_avg, se_avg), n)
+        se_avg = math.sqrt(13 * (100 * er.summary.binomial_se(0.5, n)) ** 2) / 13
+        return er.summary.samples_to_resolve(math.hypot(se_avg, se_avg), n)
     assert needed(385) == 385 and needed(100) == 385
 
 
@@ -191,7 +191,7 @@ def test_summarize_per_task_average_parity_and_pairs():
     for seed in (0, 1):
         recs += [_rec("niah_single_1", L, "systematic/global/S=256", i, s, seed) for i, s in enumerate(santa_a)]
         recs += [_rec("fwe", L, "systematic/global/S=256", i, s, seed) for i, s in enumerate([0, 0, 1, 0.5])]
-    summ = er.summarize(recs, ["dense", "systematic/global/S=256"])
+    summ = er.summary.summarize(recs, ["dense", "systematic/global/S=256"])
     b = summ["lengths"][L]
     assert b["tasks"] == ["niah_single_1", "fwe"] and b["flagged"] == ["fwe"]
     d = b["settings"]["dense"]["tasks"]["niah_single_1"]
@@ -206,7 +206,7 @@ def test_summarize_per_task_average_parity_and_pairs():
     assert avg["se"] == pytest.approx(math.hypot(s["se"], f["se"]) / 2)
     par = b["settings"]["systematic/global/S=256"]["parity_average"]
     assert par["tasks"] == 1 and par["score"] == 50.0 and par["delta"] == -25.0
-    assert par["samples_to_resolve_2pt_paired"] == er.samples_to_resolve(s["delta_se"], 4)
+    assert par["samples_to_resolve_2pt_paired"] == er.summary.samples_to_resolve(s["delta_se"], 4)
     assert b["settings"]["dense"]["parity_average"]["score"] == 75.0
 
 
@@ -218,15 +218,15 @@ def test_report_markdown_flags_and_shows_dense_failures():
     labels = ["dense", "iid/fixed/S=16"]
     res = {"config": {"model": "m", "device": "cpu", "kv_dtype": "float32", "seeds": [0], "data": "files",
                       "max_new_tokens": 5, "full_answers": False, "seconds": 1.0, "settings": labels},
-           "summary": er.summarize(recs, labels), "timings": er.timings(recs)}
-    md = er.report_markdown(res)
+           "summary": er.summary.summarize(recs, labels), "timings": er.summary.timings(recs)}
+    md = er.report.report_markdown(res)
     assert "cwe ⚑" in md and "qa_1 ⚑" not in md
     assert "66.7 ± 27.2 (1 fail)" in md                       # dense's own failure beside
     assert "66.7 ± 27.2 (+0.0; −1/+1)" in md
     assert "## L = 8192" in md and "samples for 2 pts (paired)" in md
     # the JSON round trip (lengths become strings) still renders
     again = json.loads(json.dumps(res))
-    assert er.report_markdown(again) == md
+    assert er.report.report_markdown(again) == md
 
 
 # ------------------------------------------------------------------------------ CLI (tiny model)
@@ -249,16 +249,17 @@ class CharTok:
 
 
 def test_cli_registers_ruler():
-    import cli
+    from santa_tools import cli
     r = CliRunner().invoke(cli.main, ["eval", "--help"])
     assert r.exit_code == 0 and "ruler" in r.output
     r = CliRunner().invoke(cli.main, ["eval", "ruler", "--help"])
     assert r.exit_code == 0 and "--data" in r.output and "--settings" in r.output
 
 
-@pytest.mark.parametrize("order", ["evaluate_ruler, evaluate", "evaluate, evaluate_ruler"])
+@pytest.mark.parametrize("order", ["santa_tools.evaluation.ruler, santa_tools.evaluation",
+                                   "santa_tools.evaluation, santa_tools.evaluation.ruler"])
 def test_either_import_order_registers_ruler(order):
-    code = f"import {order}; import evaluate; assert 'ruler' in evaluate.eval_command.commands"
+    code = f"import {order}; import santa_tools.evaluation as ev; assert 'ruler' in ev.eval_command.commands"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -285,7 +286,7 @@ def test_cli_on_tiny_model_with_data(tmp_path, monkeypatch):
     assert all(x["score"] == 1.0 and x["new_tokens"] <= 1 for x in first)         # early stop
     never = [x for x in recs if x["index"] == 1]
     assert all(x["score"] == 0.0 and x["new_tokens"] <= 5 for x in never)
-    assert all(x["score"] == er.score("niah_single_1", x["pred"], x["outputs"]) for x in recs)
+    assert all(x["score"] == er.scoring.score("niah_single_1", x["pred"], x["outputs"]) for x in recs)
     b = res["summary"]["lengths"]["64"]
     assert b["settings"]["dense"]["tasks"]["niah_single_1"]["n"] == 3
     assert "## L = 64" in md.read_text() and "niah_single_1" in r.output
@@ -301,8 +302,8 @@ def test_cli_on_tiny_model_with_data(tmp_path, monkeypatch):
 
 
 def test_cli_missing_package_is_one_line_usage_error(monkeypatch):
-    real = er._have
-    monkeypatch.setattr(er, "_have", lambda m: False if m == "long_context_eval" else real(m))
+    real = er.generation._have
+    monkeypatch.setattr(er.generation, "_have", lambda m: False if m == "long_context_eval" else real(m))
     r = CliRunner().invoke(ev.eval_command, ["ruler", "--tasks", "vt", "--lengths", "4096",
                                              "--model", "/nonexistent"])
     assert r.exit_code == 2
@@ -325,12 +326,12 @@ def test_cli_data_errors(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not er._have("long_context_eval") or not er._have("wonderwords"),
+@pytest.mark.skipif(not er.generation._have("long_context_eval") or not er.generation._have("wonderwords"),
                     reason="nvidia-long-context-eval is not installed")
 def test_package_generates_niah_with_our_tokenizer(tmp_path):
     from test_tokenizer import make_dir
     tokdir = make_dir(tmp_path)                      # byte-level: one token per byte
-    recs = er.generate_task("niah_single_1", 1024, 2, tokdir)
+    recs = er.generation.generate_task("niah_single_1", 1024, 2, tokdir)
     assert len(recs) == 2
     for r in recs:
         assert r["task"] == "niah_single_1" and r["max_seq_length"] == 1024
@@ -340,7 +341,7 @@ def test_package_generates_niah_with_our_tokenizer(tmp_path):
         assert r["input"].startswith("A special magic number is hidden")       # base template
         assert r["input"].endswith("mentioned in the provided text is")       # + answer prefix
     assert recs[0]["outputs"] != recs[1]["outputs"]
-    again = er.generate_task("niah_single_1", 1024, 2, tokdir)
+    again = er.generation.generate_task("niah_single_1", 1024, 2, tokdir)
     assert [r["input"] for r in again] == [r["input"] for r in recs]         # seeded: reproducible
 
 
@@ -370,8 +371,8 @@ def test_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     recs = [_rec("vt", 4096, lab, i, s) for lab in ("dense", "iid/fixed/S=16") for i, s in enumerate([1, 0])]
     res = {"config": {"settings": ["dense", "iid/fixed/S=16"]},
-           "summary": er.summarize(recs, ["dense", "iid/fixed/S=16"])}
-    er.write_plot(str(tmp_path / "p.png"), res)
+           "summary": er.summary.summarize(recs, ["dense", "iid/fixed/S=16"])}
+    er.report.write_plot(str(tmp_path / "p.png"), res)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -380,7 +381,7 @@ def test_run_samples_skips_a_prompt_beyond_the_context_and_shortens_a_long_one(t
     model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
     recs = [{"task": "fwe", "max_seq_length": 64, "index": 0, "input": "w" * 70, "outputs": ["x"]},
             {"task": "fwe", "max_seq_length": 64, "index": 1, "input": "w" * 60, "outputs": ["zzzz"]}]
-    out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=50, full=True)
+    out = er.runs.run_samples(model, CharTok(), recs, [(ev.settings.DENSE, 0)], max_new=50, full=True)
     (r,) = out
     assert r["index"] == 1 and r["max_new_tokens"] == 64 - 60 + 1 and r["new_tokens"] <= 5
 
@@ -388,31 +389,31 @@ def test_run_samples_skips_a_prompt_beyond_the_context_and_shortens_a_long_one(t
 def test_select_slices_and_orders_sample_major(tmp_path):
     recs = [{"task": t, "max_seq_length": L, "index": i} for t in ("qa_1", "vt") for L in (4096, 8192)
             for i in range(4)]
-    got = er._select(recs, None, None, 2, skip=1)
+    got = er.data._select(recs, None, None, 2, skip=1)
     assert [(r["index"], r["max_seq_length"], r["task"]) for r in got] == [
         (1, 4096, "vt"), (1, 4096, "qa_1"), (1, 8192, "vt"), (1, 8192, "qa_1"),
         (2, 4096, "vt"), (2, 4096, "qa_1"), (2, 8192, "vt"), (2, 8192, "qa_1")]
-    assert len(er._select(recs, ["vt"], [8192], None)) == 4
+    assert len(er.data._select(recs, ["vt"], [8192], None)) == 4
     _write(tmp_path / "vt_4096.jsonl", [{"input": "q", "outputs": ["a"]}])
     (tmp_path / "notes.txt").write_text("x")
-    assert er.data_files([str(tmp_path)]) == [str(tmp_path / "vt_4096.jsonl")]
+    assert er.data.data_files([str(tmp_path)]) == [str(tmp_path / "vt_4096.jsonl")]
     (tmp_path / "e").mkdir()
     with pytest.raises(click.UsageError, match="without"):
-        er.data_files([str(tmp_path / "e")])
+        er.data.data_files([str(tmp_path / "e")])
 
 
 def test_time_limit_stops_before_the_next_sample(tmp_path):
     from llama_min.model import LlamaModel
     model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
     recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": "abc" * 5, "outputs": ["q"]} for i in range(3)]
-    out = er.run_samples(model, CharTok(), recs, [(ev.DENSE, 0)], max_new=2, time_limit=0.0)
+    out = er.runs.run_samples(model, CharTok(), recs, [(ev.settings.DENSE, 0)], max_new=2, time_limit=0.0)
     assert [r["index"] for r in out] == [0]
 
 
 def test_cli_generation_lengths_beyond_the_model_fail_before_generating(tmp_path, monkeypatch):
-    monkeypatch.setattr(er, "check_package", lambda: tmp_path)
+    monkeypatch.setattr(er.command, "check_package", lambda: tmp_path)
     called = []
-    monkeypatch.setattr(er, "generate_task", lambda *a: called.append(a) or [])
+    monkeypatch.setattr(er.command, "generate_task", lambda *a: called.append(a) or [])
     path = make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0]
     r = CliRunner().invoke(ev.eval_command, ["ruler", "--model", str(path), "--lengths", "32,128", "--tasks", "vt"])
     assert r.exit_code == 2 and "128 beyond the model's context (64 tokens)" in r.output and not called

@@ -3,7 +3,7 @@
     python3 tools/dense_probe.py [--case 1,32k --case 16,32k ...] [--no-torch]
 
 For each case (llama8b shapes, bf16, rotating copies >= 3x L2 as in `bench kernels`), in µs:
-  * the streaming read (bench.py's stream_read) of exactly the K+V bytes, by launch shape: the
+  * the streaming read (santa_tools.bench.timing's stream_read) of exactly the K+V bytes, by launch shape: the
     floor of a read that size (ramp and tail included), not the 2 GiB rotating-buffer ceiling;
   * our dense call, plain and with programmatic launch, and its stages alone (split-KV, merge);
   * the merge in the kernel's last block against santa_merge after it (kernels.DENSE_SELF_MERGE_MAX_SPLITS
@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench  # noqa: E402
+from santa_tools import bench  # noqa: E402
 from santa_cupy import DecodePlan, kernels  # noqa: E402
 
 def timed(cp, fns, inner=20, repeats=30) -> float:
-    return bench.time_cupy_graph(cp, fns, inner, repeats)[0]
+    return bench.timing.time_cupy_graph(cp, fns, inner, repeats)[0]
 
 
 def dense_plan(shape, B, L, **kw):
@@ -78,7 +78,7 @@ def head_major(cp, shape, B, L, inputs) -> dict:
 
 
 def stream_reads(cp, nbytes, copies) -> dict:
-    times = bench.stream_read_us(cp, nbytes, copies, inner=20, repeats=30)
+    times = bench.timing.stream_read_us(cp, nbytes, copies, inner=20, repeats=30)
     return {f"streaming read of the same bytes, {per_sm} x {threads} a SM": us for (per_sm, threads), us in times.items()}
 
 
@@ -100,11 +100,11 @@ def torch_rows(torch, shape, inputs) -> dict:
                 args.append((as_torch(q).unsqueeze(2), tk, tv))
             name = f"torch {backend}, {layout}"
             try:
-                with sdpa_kernel(getattr(SDPBackend, bench.TORCH_BACKEND_ENUM[backend])):
+                with sdpa_kernel(getattr(SDPBackend, bench.peers.TORCH_BACKEND_ENUM[backend])):
                     fns = [lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                            for q, k, v in args]
                     fns[0]()
-                    rows[name] = bench.time_torch_graph(torch, fns, 20, 30)[0]
+                    rows[name] = bench.timing.time_torch_graph(torch, fns, 20, 30)[0]
             except Exception as exc:                 # a backend that refuses the case
                 rows[name] = f"skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
             args = fns = None
@@ -119,22 +119,22 @@ def main() -> int:
                                                     "(default: 1,8k 1,32k 1,128k 4,128k 16,32k)")
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args()
-    cases = [(int(c.split(",")[0]), bench.parse_size(c.split(",")[1])) for c in a.case] if a.case else \
+    cases = [(int(c.split(",")[0]), bench.methods.parse_size(c.split(",")[1])) for c in a.case] if a.case else \
         [(1, 8192), (1, 32768), (1, 131072), (4, 131072), (16, 32768)]
-    cp = bench._cupy()
-    torch = None if a.no_torch else bench._optional_torch()
-    shape = bench.SHAPES["llama8b"]
-    l2 = bench.gpu_metadata(cp, None)["l2_bytes"]
-    ceiling = bench.measure_ceiling(cp)["read_tbps"]
-    print(f"streaming read ceiling (bench.measure_ceiling): {ceiling:.2f} TB/s")
+    cp = bench.gpu._cupy()
+    torch = None if a.no_torch else bench.gpu._optional_torch()
+    shape = bench.methods.SHAPES["llama8b"]
+    l2 = bench.gpu.gpu_metadata(cp, None)["l2_bytes"]
+    ceiling = bench.timing.measure_ceiling(cp)["read_tbps"]
+    print(f"streaming read ceiling (bench.timing.measure_ceiling): {ceiling:.2f} TB/s")
     for B, L in cases:
-        nbytes = bench.kv_bytes(shape, B, L)
-        copies = bench.copies_for(nbytes, l2, int(20e9))
-        inputs = bench.make_inputs(cp, shape, B, L, copies)
+        nbytes = bench.accounting.kv_bytes(shape, B, L)
+        copies = bench.accounting.copies_for(nbytes, l2, int(20e9))
+        inputs = bench.kernels.make_inputs(cp, shape, B, L, copies)
         rows = ours(cp, shape, B, L, inputs) | head_major(cp, shape, B, L, inputs) | stream_reads(cp, nbytes, copies)
         if torch is not None:
             rows |= torch_rows(torch, shape, inputs)
-        print(f"\n### B={B} L={bench.fmt_context(L)}: K+V {bench.fmt_bytes(nbytes)}, {copies} copies, "
+        print(f"\n### B={B} L={bench.report.fmt_context(L)}: K+V {bench.report.fmt_bytes(nbytes)}, {copies} copies, "
               f"{nbytes / ceiling / 1e6:.1f} µs at the ceiling\n\n| | µs | % of the ceiling |\n|---|---|---|")
         for name, us in rows.items():
             cells = f"{us:.2f} | {100 * nbytes / (us * 1e-6) / 1e12 / ceiling:.0f}%" if isinstance(us, float) else f"{us} | -"

@@ -2,11 +2,11 @@
 
     PYTHONPATH=. python tools/key_sampling_study.py [--context 3072] [--steps 32] ...
 
-1. Dense prefill of `context` tokens of evaluate.py's deterministic long text, then `steps`
+1. Dense prefill of `context` tokens of santa_tools.evaluation's deterministic long text, then `steps`
    teacher-forced dense decode steps (the model's own float32 NumPy attention): the reference
    next-token logits, and the decode-time q of every layer and step (recorded by shadowing
-   `_eager_attention` on the model instance, as evaluate.AttentionRecorder does; model.py and
-   evaluate.py are only imported).
+   `_eager_attention` on the model instance, as santa_tools.evaluation.decoding.AttentionRecorder does; model.py and
+   santa_tools.evaluation are only imported).
 2. Attention level, on the captured inputs (all layers, `kernel_steps` of the steps, `seeds`
    seeds): fraction of K bytes read, relative L2 error of the attention output (dense value stage on
    the estimated scores) against exact float64 attention, and the bias of softmax(noisy scores):
@@ -36,7 +36,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import evaluate as ev  # noqa: E402  (long text, prefill / clone helpers, KL; used, never edited)
+from santa_tools import evaluation as ev  # noqa: E402  (long text, prefill / clone helpers, KL; used, never edited)
 from llama_min import models  # noqa: E402
 from llama_min.model import AttentionConfig, LlamaModel  # noqa: E402
 from llama_min.tokenizer import Tokenizer  # noqa: E402
@@ -129,7 +129,7 @@ def dense_run(model, cache0, ids, start, steps):
             return attn(li, q, kc, vc, lens)
         return recording
 
-    cache = ev.clone_cache(model, cache0)
+    cache = ev.decoding.clone_cache(model, cache0)
     with Patched(model, make):
         logits = [model.decode(np.asarray([t]), cache, AttentionConfig())[0] for t in ids[start:start + steps]]
     return np.stack(logits).astype(np.float64), qs, cache
@@ -180,7 +180,7 @@ def sampled_run(model, cache0, ids, start, steps, st: Setting, seed, orders):
             return o.astype(np.float32)
         return attn
 
-    cache = ev.clone_cache(model, cache0)
+    cache = ev.decoding.clone_cache(model, cache0)
     with Patched(model, make):
         logits = [model.decode(np.asarray([t]), cache, AttentionConfig())[0] for t in ids[start:start + steps]]
     return np.stack(logits).astype(np.float64), float(np.mean(fractions))
@@ -325,7 +325,7 @@ def markdown(res):
         "## Method",
         "",
         f"- Model {h['model']} (30 layers, 9 heads, 3 KV heads, head_dim 64), float32 weights and KV "
-        f"cache, NumPy on the CPU. Text: evaluate.py's deterministic long text; dense prefill of "
+        f"cache, NumPy on the CPU. Text: santa_tools.evaluation's deterministic long text; dense prefill of "
         f"{h['context']} tokens, {h['calib']} dense decode steps that calibrate the feature order (below), then "
         f"{h['steps']} teacher-forced decode steps (true tokens fed) that are evaluated.",
         "- Reference: the model's own dense float32 decode. Key-sampled runs replace the attention of every "
@@ -440,8 +440,8 @@ def main(argv=None):
     model = LlamaModel.from_pretrained(path, device="cpu")
     tok = Tokenizer.from_dir(path)
     start = args.context + args.calib  # first token fed in the evaluated steps
-    ids = ev.long_text_ids(tok, start + args.steps + 1)
-    cache0 = ev.prefilled_cache(model, ids[:args.context], start + args.steps + 1)
+    ids = ev.texts.long_text_ids(tok, start + args.steps + 1)
+    cache0 = ev.decoding.prefilled_cache(model, ids[:args.context], start + args.steps + 1)
     print(f"prefill {args.context} tokens: {time.time() - t0:.0f} s", file=sys.stderr)
     _, calib_qs, cache_c = dense_run(model, cache0, ids, args.context, args.calib)  # calibration steps
     orders = feature_orders(calib_qs, cache_c, start, model.G)
@@ -463,8 +463,8 @@ def main(argv=None):
         kls, top1, fr = [], [], []
         for seed in range(args.kl_seeds):
             lg, frac = sampled_run(model, cache_c, ids, start, args.steps, st, seed, orders)
-            kls.append(ev.kl_from_logits(dense_logits, lg))
-            top1.append(ev.top1_agreement(dense_logits, lg))
+            kls.append(ev.metrics.kl_from_logits(dense_logits, lg))
+            top1.append(ev.metrics.top1_agreement(dense_logits, lg))
             fr.append(frac)
         kls = np.concatenate(kls)
         row["model"] = {"kl_mean": float(kls.mean()), "kl_p90": float(np.percentile(kls, 90)),

@@ -2,9 +2,9 @@
 
     python tools/ragged_bench.py [--lengths 131072,1024x15] [--methods dense,santa-global-systematic-256]
 
-For each method (bench.py's names): the ragged batch (lengths as given, L_max = the longest), the
+For each method (santa_tools.bench.methods' names): the ragged batch (lengths as given, L_max = the longest), the
 uniform batch of as many sequences reading the same rows in total (each sum / B rows), and the
-longest sequence alone at batch 1; µs from bench.py's CUDA-graph timer over rotating inputs.
+longest sequence alone at batch 1; µs from santa_tools.bench.timing's CUDA-graph timer over rotating inputs.
 Prints a Markdown table with ragged / uniform (the target: at most 1.15x).
 """
 
@@ -15,24 +15,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench  # noqa: E402
+from santa_tools import bench  # noqa: E402
 
 
 def parse_lengths(text: str) -> list[int]:
     out = []
     for part in text.split(","):
         n, _, times = part.partition("x")
-        out += [bench.parse_size(n)] * (int(times) if times else 1)
+        out += [bench.methods.parse_size(n)] * (int(times) if times else 1)
     return out
 
 
 def time_method(cp, method, shape, lengths, copies, repeats=20, inner=20):
     B, L = len(lengths), max(lengths)
-    inputs = bench.make_inputs(cp, shape, B, L, copies)
-    plan = bench.our_plan(method, shape, B, L)
+    inputs = bench.kernels.make_inputs(cp, shape, B, L, copies)
+    plan = bench.kernels.our_plan(method, shape, B, L)
     lens = cp.asarray(lengths, dtype=cp.int32)
     fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lens, validate=False) for q, k, v in inputs]
-    us, _ = bench.time_cupy_graph(cp, fns, inner, repeats)
+    us, _ = bench.timing.time_cupy_graph(cp, fns, inner, repeats)
     return us
 
 
@@ -43,8 +43,8 @@ def main():
     ap.add_argument("--shape", default="llama8b")
     ap.add_argument("--copies", type=int, default=3)
     args = ap.parse_args()
-    cp = bench._cupy()
-    shape = bench.parse_shape(args.shape)
+    cp = bench.gpu._cupy()
+    shape = bench.methods.parse_shape(args.shape)
     lengths = parse_lengths(args.lengths)
     B = len(lengths)
     uniform = [-(-sum(lengths) // B)] * B
@@ -52,7 +52,7 @@ def main():
     print("| method | ragged µs | uniform µs | ragged / uniform | longest alone (B=1) µs | ragged / alone |")
     print("|---|---|---|---|---|---|")
     for name in args.methods.split(","):
-        m = bench.parse_method(name)
+        m = bench.methods.parse_method(name)
         r = time_method(cp, m, shape, lengths, args.copies)
         u = time_method(cp, m, shape, uniform, args.copies)
         a = time_method(cp, m, shape, [max(lengths)], args.copies)

@@ -2,7 +2,7 @@
 
 Run from the repository root: PYTHONPATH=. python docs/plots/make_h200_plots.py
 Each JSON is a results dict ({"config", <name>}) as written by `santa-cupy eval <name> --json`;
-evaluate.write_plot draws one panel per evaluation present, so one PNG per evaluation.
+evaluation.report.write_plot draws one panel per evaluation present, so one PNG per evaluation.
   docs/results/eval_h200     -> h200_*.png     commit 97995f3, v2 kernels (retrieval: reduced grid)
   docs/results/eval_h200_v4  -> h200_v4_*.png  commit 7a34e04, v4 kernels, full grids (the
                                                retrieval JSON merged from two device calls)
@@ -10,7 +10,7 @@ evaluate.write_plot draws one panel per evaluation present, so one PNG per evalu
 import json
 import os
 
-import evaluate
+from santa_tools import evaluation
 
 RUNS = {"docs/results/eval_h200": "h200_", "docs/results/eval_h200_v4": "h200_v4_"}
 OUT = "docs/plots"
@@ -20,4 +20,4 @@ for src, prefix in RUNS.items():
     for name, png in NAMES.items():
         with open(os.path.join(src, f"{name}.json")) as f:
             results = json.load(f)
-        evaluate.write_plot(os.path.join(OUT, prefix + png), {name: results[name]})
+        evaluation.report.write_plot(os.path.join(OUT, prefix + png), {name: results[name]})

@@ -1,6 +1,6 @@
 """Driver for the "CPU, 4k context" runs of docs/ACCURACY.md (issue 5, CPU-measurable part).
 
-Uses evaluate.py's own Session / metrics / Markdown, with a hand-picked settings list (the CLI's
+Uses santa_tools.evaluation's own Session / metrics / Markdown, with a hand-picked settings list (the CLI's
 grid is samplers x budgets x S; here e.g. the fixed budget is run at one S only), so that one
 dense prefill serves every setting. Run from the repo root:
 
@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-import evaluate as E
+from santa_tools import evaluation as E
 
 MODEL = dict(context=4096, steps=16, greedy_tokens=0, seeds="0,1",
              settings=[(sm, "global", s) for sm in ("iid", "stratified", "systematic")
@@ -36,10 +36,10 @@ def main(which: str, stem: str) -> None:
 def run(grid: dict, which: str, stem: str) -> None:
     """Run one grid (evaluation `which`: "model" or "retrieval"); write stem.json and stem.md."""
     opts = {k: v for k, v in grid.items() if k != "settings"}
-    cfg = E.resolve_config(False, device="cpu", **opts)
+    cfg = E.config.resolve_config(False, device="cpu", **opts)
     t0 = time.time()
-    session = E.Session(cfg)
-    session.settings = [E.Setting("santa", sm, bu, s) for sm, bu, s in grid["settings"]]
+    session = E.runs.Session(cfg)
+    session.settings = [E.settings.Setting("santa", sm, bu, s) for sm, bu, s in grid["settings"]]
     results = {"config": session.header()}
     results["config"].update(settings=[st.label for st in session.settings],
                              samplers=sorted({sm for sm, _, _ in grid["settings"]}),
@@ -49,8 +49,8 @@ def run(grid: dict, which: str, stem: str) -> None:
     results[which]["seconds"] = round(time.time() - t0, 2)
     results["config"]["seconds"] = round(time.time() - t0, 2)
     with open(stem + ".json", "w") as f:
-        json.dump(results, f, indent=1, default=E._json_default)
-    md = E.report_markdown(results)
+        json.dump(results, f, indent=1, default=E.report._json_default)
+    md = E.report.report_markdown(results)
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)

@@ -1,0 +1,161 @@
+"""What a kernel benchmark runs: the attention shapes, the method names (dense, santa-..., torch-...,
+flashinfer) and their parser, the command-line list parsers and the (shape, batch, context) grid.
+Pure Python (tests/test_bench.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import click
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+
+
+SHAPES = {
+    "llama8b": Shape("llama8b", heads=32, kv_heads=8, head_dim=128),
+    "smollm2": Shape("smollm2", heads=9, kv_heads=3, head_dim=64),
+}
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+BUDGETS = ("fixed", "global", "largest_remainder")
+SAMPLERS = ("iid", "stratified", "systematic")
+SAMPLE_COUNTS = (128, 256, 512, 2048)
+TORCH_BACKENDS = ("flash", "cudnn", "efficient")
+KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); none = "auto"
+# santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
+# the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
+# (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
+# at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
+# = staged and on tensor cores (tile_kernel="warp_mma"), or "always" = santa at every length (no
+# dense fallback below the plan's santa_min_length)
+SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
+                        "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
+                        "warpmma": {"tile_kernel": "warp_mma"},
+                        "always": {"santa_min_length": 0}}
+# "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
+# (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
+PAGED_SUFFIXES = ("paged", "shuffled")
+SANTA_VERSIONS = KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS) + PAGED_SUFFIXES
+DEFAULT_METHODS = ("dense", "dense-stream", "santa-global-systematic-256",
+                   "santa-global-systematic-256-always", "santa-global-systematic-256-block",
+                   "santa-fixed-systematic-2048", "santa-fixed-systematic-2048-always")
+QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
+         "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
+# the dense peers of "x best peer" (method name -> label): cuDNN, FA2 (torch SDPA's flash backend), FlashInfer
+PEERS = {"torch-cudnn": "cuDNN", "torch-flash": "FA2", "flashinfer": "FlashInfer"}
+DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
+L2_FACTOR = 3                          # rotating buffers together >= L2_FACTOR x L2
+MAX_COPIES = 64
+
+
+@dataclass(frozen=True)
+class Method:
+    """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend,
+    dense and santa a kernel version or an option in `backend` ("" = the defaults, "stream" = the
+    generic FMA kernels, SANTA_SUFFIX_OPTIONS)."""
+
+    kind: str
+    budget: str = ""
+    sampler: str = ""
+    samples: int = 0
+    backend: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.kind == "santa":
+            return f"santa-{self.budget}-{self.sampler}-{self.samples}" + (f"-{self.backend}" if self.backend else "")
+        if self.kind == "torch":
+            return f"torch-{self.backend}"
+        if self.kind == "dense" and self.backend:
+            return f"dense-{self.backend}"
+        return self.kind
+
+    @property
+    def external(self) -> bool:
+        return self.kind in ("torch", "flashinfer")
+
+
+def parse_method(name: str) -> Method:
+    """'dense' | 'dense-stream' | 'santa-<budget>-<sampler>-<S>' | 'torch-<backend>' | 'flashinfer' -> Method."""
+    name = name.strip()
+    if name in ("dense", "flashinfer"):
+        return Method(name)
+    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS + PAGED_SUFFIXES:
+        return Method("dense", backend=name.removeprefix("dense-"))
+    if re.fullmatch(r"dense-p[1-9][0-9]*", name):            # forced splits per KV group
+        return Method("dense", backend=name.removeprefix("dense-"))
+    parts = name.split("-")
+    if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
+        return Method("torch", backend=parts[1])
+    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS):
+        budget, sampler, s = parts[1:4]
+        if budget in BUDGETS + ("one_pass",) and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
+            return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
+    raise click.BadParameter(
+        f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
+        f"flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}], e.g. santa-global-systematic-256",
+        param_hint="--methods")
+
+
+def method_list(names=None, *, full=False, quick=False, have_torch=False, have_flashinfer=False) -> list[Method]:
+    """The methods of a run. Explicit names win; else --full / --quick / the default grid, with the
+    external baselines that are importable (FlashInfer in every grid: it is one of the peers)."""
+    if names:
+        return [parse_method(n) for n in names]
+    if full:
+        ours = [Method("dense")] + [Method("santa", b, s, n) for b in BUDGETS for s in SAMPLERS
+                                    for n in SAMPLE_COUNTS]
+        backends = TORCH_BACKENDS
+    elif quick:
+        ours, backends = [parse_method(n) for n in QUICK["methods"]], QUICK["torch_backends"]
+    else:
+        ours, backends = [parse_method(n) for n in DEFAULT_METHODS], TORCH_BACKENDS
+    ext = [Method("torch", backend=b) for b in backends] if have_torch else []
+    if have_flashinfer:
+        ext.append(Method("flashinfer"))
+    return ours + ext
+
+
+# ---- argument parsing --------------------------------------------------------------------------
+_SUFFIX = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_size(text: str, what: str = "context") -> int:
+    """'32k' -> 32768, '1m' -> 1048576, '8192' -> 8192 (k and m are powers of two)."""
+    t = str(text).strip().lower()
+    mult = _SUFFIX.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in _SUFFIX else t
+    if not digits.isdigit() or int(digits) < 1:
+        raise click.BadParameter(f"{what} must be a positive integer with an optional k/m suffix "
+                                 f"(e.g. 32k), got {text!r}", param_hint=f"--{what}")
+    return int(digits) * mult
+
+
+def parse_list(text: str, what: str, parse=None) -> list:
+    """Comma-separated list; ``parse`` converts each item (default: positive int with k/m suffix)."""
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise click.BadParameter(f"{what} must not be empty", param_hint=f"--{what}")
+    parse = parse or (lambda x: parse_size(x, what))
+    return [parse(x) for x in items]
+
+
+def parse_shape(name: str) -> Shape:
+    if name not in SHAPES:
+        raise click.BadParameter(f"unknown shape {name!r}; choose from {', '.join(SHAPES)}", param_hint="--shape")
+    return SHAPES[name]
+
+
+def expand_grid(shapes, batches, contexts) -> list[tuple[Shape, int, int]]:
+    """Every (shape, batch, context), in that nesting order."""
+    return [(s, b, L) for s in shapes for b in batches for L in contexts]
+

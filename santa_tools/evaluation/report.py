@@ -1,0 +1,214 @@
+"""What an evaluation writes: the Markdown tables and report, the plot, the JSON, and the merge of
+runs of one configuration.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+import numpy as np
+
+from santa_tools.evaluation.metrics import mean_std, success_rate
+
+
+def fmt_ms(m: float, s: float, digits: int = 3) -> str:
+    return f"{m:.{digits}g} ± {s:.2g}"
+
+
+def markdown_table(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _setting_cells(st: dict) -> list:
+    if st["method"] == "dense":
+        return ["dense", "-", "-"]
+    return [st["sampler"], st["budget"], st["samples"]]
+
+
+def kernel_table(res: dict) -> str:
+    rows = []
+    for entry in res.values():
+        means = [p["mean"] for p in entry["per_seed"]]
+        worst = max(max(p["layers"].values()) for p in entry["per_seed"])
+        rows.append(_setting_cells(entry["setting"]) + [fmt_ms(*mean_std(means)), f"{worst:.3g}"])
+    return markdown_table(["sampler", "budget", "S", "rel. L2 error (mean over layers, ± std over seeds)",
+                           "worst layer"], rows)
+
+
+def model_table(res: dict) -> str:
+    rows = []
+    for entry in res["results"].values():
+        ps = entry["per_seed"]
+        col = lambda k: mean_std([p[k] for p in ps])  # noqa: E731
+        rows.append(_setting_cells(entry["setting"]) + [
+            fmt_ms(*col("kl")), fmt_ms(*col("top1")), fmt_ms(*col("ppl"), 4),
+            fmt_ms(*col("greedy_match"))])
+    return markdown_table(["sampler", "budget", "S", "KL(dense ‖ santa) / token", "top-1 agreement",
+                           "perplexity", f"greedy exact match (of {res['greedy_tokens']})"], rows)
+
+
+def retrieval_table(res: dict) -> str:
+    lengths = sorted({t["length"] for e in res.values() for t in e["trials"]})
+    rows = []
+    for entry in res.values():
+        cells = []
+        for L in lengths:
+            flags = [t["success"] for t in entry["trials"] if t["length"] == L]
+            cells.append(f"{success_rate(flags):.2f} ({sum(flags)}/{len(flags)})")
+        allf = [t["success"] for t in entry["trials"]]
+        rows.append(_setting_cells(entry["setting"]) + cells + [f"{success_rate(allf):.2f}"])
+    return markdown_table(["sampler", "budget", "S"] + [f"L={L}" for L in lengths] + ["all"], rows)
+
+
+# ============================================================================ plots
+
+
+def write_plot(path: str, results: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        click.echo("matplotlib is not installed: skipping --plot (pip install matplotlib)", err=True)
+        return
+    panels = [k for k in ("kernel", "model", "retrieval") if k in results]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], panels):
+        series = _plot_series(name, results[name])
+        for label, (xs, ys) in series.items():
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("S (samples per head)")
+        ax.set_ylabel({"kernel": "rel. L2 error", "model": "KL(dense || santa)",
+                       "retrieval": "success rate"}[name])
+        if name != "retrieval":
+            ax.set_yscale("log")
+        ax.set_title(f"eval {name}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    click.echo(f"wrote {path}", err=True)
+
+
+def _plot_series(name: str, res: dict) -> dict:
+    entries = res["results"]
+    series: dict[str, tuple[list, list]] = {}
+    for entry in entries.values():
+        st = entry["setting"]
+        if st["method"] == "dense":
+            continue
+        if name == "kernel":
+            y = mean_std([p["mean"] for p in entry["per_seed"]])[0]
+        elif name == "model":
+            y = mean_std([p["kl"] for p in entry["per_seed"]])[0]
+        else:
+            y = success_rate(t["success"] for t in entry["trials"])
+        xs, ys = series.setdefault(f"{st['sampler']}/{st['budget']}", ([], []))
+        xs.append(st["samples"])
+        ys.append(y)
+    return series
+
+
+
+TABLES = {"kernel": lambda r: kernel_table(r["results"]), "model": model_table,
+          "retrieval": lambda r: retrieval_table(r["results"])}
+TITLES = {"kernel": "Attention output: relative L2 error vs exact float64 attention",
+          "model": "Teacher forcing: next-token distributions vs dense decode",
+          "retrieval": "Passcode retrieval: success rate"}
+
+
+def report_markdown(results: dict) -> str:
+    h = results["config"]
+    parts = [f"# santa-cupy eval\n\nmodel `{h['model']}`, device {h['device']}, KV dtype "
+             f"{h['kv_dtype']}, seeds {h['seeds']}" + (" (--small)" if h["small"] else "")]
+    for name in ("kernel", "model", "retrieval"):
+        if name in results:
+            r = results[name]
+            extra = ""
+            if name == "kernel":
+                extra = f" (context {r['context']}, layers {r['layers']})"
+            elif name == "model":
+                extra = f" (context {r['context']}, {r['steps']} decode steps after a {r['prefix']}-token prefix)"
+            parts.append(f"## {TITLES[name]}{extra}\n\n{TABLES[name](r)}")
+            if name == "model" and r.get("dense_greedy_margins"):
+                mg = r["dense_greedy_margins"]
+                i = int(np.argmin(mg))
+                parts.append(f"Dense greedy path: smallest top-1 - top-2 logit margin {mg[i]:.3g} at "
+                             f"token {i} (a near tie there makes any later divergence a coin flip).")
+    return "\n\n".join(parts) + "\n"
+
+
+
+def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
+    """Print the Markdown report; optionally write the raw JSON, the report and a plot."""
+    md = report_markdown(results)
+    click.echo(md)                           # first: the results survive a file that cannot be written
+    try:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(results, f, indent=1, default=_json_default)
+            click.echo(f"wrote {json_path}", err=True)
+        if md_path:
+            with open(md_path, "w") as f:
+                f.write(md)
+            click.echo(f"wrote {md_path}", err=True)
+        if plot_path:
+            write_plot(plot_path, results)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
+
+
+MERGE_SAME_CONFIG = ("model", "kv_dtype", "seeds", "block_n", "small")   # must agree across merged runs
+MERGE_UNION_CONFIG = ("samplers", "budgets", "samples")                     # the merged run covers all
+
+
+def merge_results(parts: list) -> dict:
+    """One results dict from runs of the same evaluation(s) split by setting, e.g. the retrieval
+    grid run as ``--budgets global,largest_remainder`` and ``--budgets fixed`` to fit a time limit.
+
+    Per evaluation the "results" ({label: entry}) are united: a label may appear in several runs
+    only if its entries are identical (dense, which every run repeats, is deterministic), else
+    ValueError. Every other field of an evaluation (context, lengths, dense greedy path, ...) and
+    the config's model / dtype / seeds must agree; samplers / budgets / samples are united (first
+    seen order) and the seconds are added up. ``config["merged_from"]`` counts the runs.
+    """
+    if not parts:
+        raise ValueError("nothing to merge")
+    config = dict(parts[0]["config"])
+    for i, part in enumerate(parts[1:], 2):
+        for key in MERGE_SAME_CONFIG:
+            if part["config"].get(key) != config.get(key):
+                raise ValueError(f"run {i} differs in config[{key!r}]: {part['config'].get(key)!r} != "
+                                 f"{config.get(key)!r}")
+        for key in MERGE_UNION_CONFIG:
+            config[key] = list(dict.fromkeys(list(config.get(key) or []) + list(part["config"].get(key) or [])))
+    config["seconds"] = round(sum(p["config"].get("seconds", 0) for p in parts), 2)
+    config["merged_from"] = len(parts)
+    merged = {"config": config}
+    for name in ("kernel", "model", "retrieval"):
+        runs = [p[name] for p in parts if name in p]
+        if not runs:
+            continue
+        out = {k: v for k, v in runs[0].items() if k not in ("results", "seconds")}
+        out["results"] = {}
+        for i, run in enumerate(runs, 1):
+            for key, value in run.items():
+                if key not in ("results", "seconds") and value != out.get(key):
+                    raise ValueError(f"{name}: run {i} differs in {key!r}")
+            for label, entry in run["results"].items():
+                if label in out["results"] and out["results"][label] != entry:
+                    raise ValueError(f"{name}: {label!r} appears in several runs with different results")
+                out["results"][label] = entry
+        out["seconds"] = round(sum(r.get("seconds", 0) for r in runs), 2)
+        merged[name] = out
+    return merged
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+

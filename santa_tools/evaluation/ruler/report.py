@@ -1,0 +1,191 @@
+"""What ``eval ruler`` writes: the Markdown report, the plot, the JSON, and the merge of runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+import numpy as np
+
+from santa_tools.evaluation.report import _json_default, markdown_table
+from santa_tools.evaluation.ruler.summary import summarize, timings
+
+
+def _cell(row: dict, dense: bool) -> str:
+    if row is None:
+        return "-"
+    s = f"{row['score']:.1f} ± {row['se']:.1f}"
+    if dense:
+        return s + f" ({row['fails']} fail{'s' if row['fails'] != 1 else ''})"
+    return s + f" ({row['delta']:+.1f}; −{row['lost']}/+{row['gained']})"
+
+
+def report_markdown(results: dict) -> str:
+    c, summ = results["config"], results["summary"]
+    labels = c["settings"]
+    parts = [f"# santa-cupy eval ruler\n\nmodel `{c['model']}`, device {c['device']}, KV dtype {c['kv_dtype']}, "
+             f"seeds {c['seeds']}, data: {c['data']}, max new tokens: {c['max_new_tokens']}"
+             + (", early stop once the score is 1 (same scores)" if not c["full_answers"] else "")
+             + f", {c['seconds']:.0f} s.",
+             "Scores: RULER's metrics x 100 (string_match_all; QA string_match_part), mean over samples "
+             "(a sample's seeds averaged first). `±` is the binomial standard error sqrt(p(1-p)/n). Dense "
+             "cells give the number of samples dense does not fully solve (its own failures); a setting's "
+             "cell gives (Δ vs dense on the same samples; −samples where it scored below dense / +above). "
+             f"Tasks marked ⚑ score below {summ['parity_floor']:g} with dense and are left out of the "
+             "parity average."]
+    lengths = sorted(summ["lengths"], key=int)
+    head = ["setting"] + [f"L={L} average" for L in lengths] + [f"L={L} parity average" for L in lengths]
+    rows = []
+    for lab in labels:
+        cells = []
+        for name in ("average", "parity_average"):
+            for L in lengths:
+                a = summ["lengths"][L]["settings"].get(lab, {}).get(name)
+                if a is None:
+                    cells.append("-")
+                elif lab == "dense":
+                    cells.append(f"{a['score']:.2f} ± {a['se']:.2f}")
+                else:
+                    cells.append(f"{a['score']:.2f} ± {a['se']:.2f} ({a['delta']:+.2f} ± {a['delta_se']:.2f})")
+        rows.append([lab] + cells)
+    parts.append("## RULER average per length\n\n(Δ vs dense ± its paired standard error in brackets)\n\n"
+                 + markdown_table(head, rows))
+    for L in lengths:
+        b = summ["lengths"][L]
+        rows = []
+        for t in b["tasks"]:
+            name = f"{t} ⚑" if t in b["flagged"] else t
+            n = b["settings"]["dense"]["tasks"][t]["n"]
+            rows.append([name, n] + [_cell(b["settings"][lab]["tasks"].get(t), lab == "dense") for lab in labels])
+        for name in ("average", "parity_average"):
+            cells = []
+            for lab in labels:
+                a = b["settings"][lab].get(name)
+                cells.append("-" if a is None else f"{a['score']:.2f} ± {a['se']:.2f}"
+                             + ("" if lab == "dense" else f" ({a['delta']:+.2f} ± {a['delta_se']:.2f})"))
+            rows.append([f"**{name.replace('_', ' ')}**", "", *cells])
+        parts.append(f"## L = {L}\n\n" + markdown_table(["task", "n"] + list(labels), rows))
+    stat = []
+    for L in lengths:
+        b = summ["lengths"][L]
+        for lab in labels:
+            a = b["settings"][lab].get("parity_average") or b["settings"][lab].get("average")
+            if a is None or lab == "dense":
+                continue
+            unseen = f"- (no spread at n={a['n']})"
+            stat.append([L, lab, a["tasks"], a["n"], f"{a['se']:.2f}", f"{a['delta_se']:.2f}",
+                         a["samples_to_resolve_2pt_independent"] or unseen,
+                         a["samples_to_resolve_2pt_paired"] or unseen])
+    parts.append("## Resolution\n\nA 2-point difference on the (parity) average is resolved when it is two "
+                 "standard errors of the difference. Independent samples: SE of the difference = "
+                 "hypot(SE setting, SE dense); paired (same samples, as here): the standard error of the "
+                 "per-sample differences. Samples per task needed = n (2 SE / 2)^2. Worst case for 13 tasks, "
+                 "independent samples, every task at p = 0.5: 385 per task. Paired, with a fraction d of "
+                 "the samples scored 1 apart: about 770 d per task (50 samples resolve 2 points while "
+                 "d <= 6.5 %).\n\n" + markdown_table(
+                     ["L", "setting", "tasks", "n per task", "SE of average", "SE of paired Δ",
+                      "samples for 2 pts (independent)", "samples for 2 pts (paired)"], stat))
+    tm = results["timings"]
+    rows = [[lab, f"{tm['decode_s_per_sample'].get(lab, 0):.2f}", f"{tm['new_tokens_per_sample'].get(lab, 0):.1f}"]
+            for lab in labels]
+    parts.append(f"## Time\n\nprefill {tm['prefill_s_per_sample']:.2f} s per sample (once, dense, shared by "
+                 "every setting)\n\n" + markdown_table(["setting", "decode s per sample (per seed)",
+                                                           "new tokens per sample"], rows))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_plot(path: str, results: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        click.echo("matplotlib is not installed: skipping --plot (pip install matplotlib)", err=True)
+        return
+    summ, labels = results["summary"], results["config"]["settings"]
+    lengths = sorted(summ["lengths"], key=int)
+    fig, axes = plt.subplots(len(lengths), 1, figsize=(13, 3.6 * len(lengths)), squeeze=False)
+    for ax, L in zip(axes[:, 0], lengths):
+        b = summ["lengths"][L]
+        names = b["tasks"] + ["average"]
+        w = 0.8 / len(labels)
+        for j, lab in enumerate(labels):
+            e = b["settings"][lab]
+            ys = [e["tasks"][t]["score"] if t in e["tasks"] else np.nan for t in b["tasks"]]
+            es = [e["tasks"][t]["se"] if t in e["tasks"] else 0 for t in b["tasks"]]
+            ys.append(e["average"]["score"] if e["average"] else np.nan)
+            es.append(e["average"]["se"] if e["average"] else 0)
+            ax.bar(np.arange(len(names)) + (j - (len(labels) - 1) / 2) * w, ys, w, yerr=es, label=lab,
+                   capsize=1.5)
+        ax.set_xticks(np.arange(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("RULER score")
+        ax.set_title(f"RULER at L = {L}")
+        ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    click.echo(f"wrote {path}", err=True)
+
+
+def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
+    md = report_markdown(results)
+    click.echo(md)
+    try:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(results, f, indent=1, default=_json_default)
+            click.echo(f"wrote {json_path}", err=True)
+        if md_path:
+            with open(md_path, "w") as f:
+                f.write(md)
+            click.echo(f"wrote {md_path}", err=True)
+        if plot_path:
+            write_plot(plot_path, results)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
+
+
+
+MERGE_SAME = ("model", "kv_dtype", "full_answers", "block_n")
+
+
+def merge_runs(paths) -> dict:
+    """One results dict from the --json files of several runs (e.g. one per length or task group):
+    records united (a record of the same task, length, index, setting and seed must be identical),
+    settings and seeds united in first-seen order, the summary recomputed."""
+    parts = []
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8") as f:
+                part = json.load(f)
+        except (OSError, ValueError) as e:
+            raise click.ClickException(f"cannot read {p}: {e}") from None
+        if not isinstance(part, dict) or not isinstance(part.get("records"), list) or "config" not in part:
+            raise click.ClickException(f"{p} is not the --json output of eval ruler (no 'records')")
+        parts.append((p, part))
+    config = dict(parts[0][1]["config"])
+    seen: dict = {}
+    for p, part in parts:
+        c = part["config"]
+        for k in MERGE_SAME:
+            if c.get(k) != config.get(k):
+                raise click.ClickException(f"{p} differs in {k}: {c.get(k)!r} != {config.get(k)!r}")
+        for k in ("settings", "seeds"):
+            config[k] = list(dict.fromkeys(list(config[k]) + list(c[k])))
+        config.setdefault("setting_fields", {}).update(c.get("setting_fields", {}))
+        for r in part["records"]:
+            key = (r["task"], int(r["max_seq_length"]), r["index"], r["setting"], r["seed"])
+            if key in seen and {k: v for k, v in seen[key].items() if not k.endswith("_s")} != \
+                    {k: v for k, v in r.items() if not k.endswith("_s")}:
+                raise click.ClickException(f"{p}: {key} differs from an earlier run's record")
+            seen[key] = r
+    records = list(seen.values())
+    config["seconds"] = round(sum(part["config"].get("seconds", 0) for _, part in parts), 2)
+    config["merged_from"] = [os.path.basename(p) for p, _ in parts]
+    if len({part["config"]["data"] for _, part in parts}) > 1:
+        config["data"] = "; ".join(dict.fromkeys(part["config"]["data"] for _, part in parts))
+    return {"config": config, "summary": summarize(records, config["settings"]), "timings": timings(records),
+            "records": records}
+

@@ -1,0 +1,244 @@
+"""The three evaluations (kernel errors on captured inputs, teacher-forced model metrics, passcode
+retrieval) and the Session that loads a model and runs them for one configuration.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+
+import click
+import numpy as np
+
+from santa_tools.evaluation.config import EvalConfig, check_lengths_fit, retrieval_cap, select_layers
+from santa_tools.evaluation.decoding import AttentionRecorder, clone_cache, make_stepper, pick_device, prefilled_cache, to_host
+from santa_tools.evaluation.metrics import exact_attention, exact_match_length, kl_from_logits, perplexity, relative_l2, retrieval_success, token_nll, top1_agreement
+from santa_tools.evaluation.report import write_report
+from santa_tools.evaluation.settings import DENSE, settings_grid
+from santa_tools.evaluation.texts import long_text_ids, passcode, retrieval_prompt_ids
+
+
+def _progress(length: int, label: str):
+    return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
+
+
+def capture_attention_inputs(model, ids) -> dict[int, tuple]:
+    """Dense prefill of ids[:-1], one dense decode of ids[-1]; -> {layer: (q, k, v, lengths)}."""
+    cache = prefilled_cache(model, ids[:-1], len(ids))
+    from llama_min.model import AttentionConfig
+    with AttentionRecorder(model) as rec:
+        model.decode(np.asarray([ids[-1]], np.int64), cache, AttentionConfig(method="dense"))
+    return rec.calls
+
+
+def kernel_errors(captured, layers, settings, seeds, block_n=None, progress=None) -> dict:
+    """Relative L2 error per (setting, seed, layer) against float64 exact attention.
+
+    Also the "dense" setting: santa_cupy's dense path (kernel on GPU, reference on CPU) in the
+    storage dtype, i.e. the floor set by the dtype. Returns {label: {"setting", "per_seed":
+    [{"seed", "layers": {layer: err}, "mean": err}]}}."""
+    import santa_cupy
+    from santa_cupy import spec
+
+    exact = {}
+    for li in layers:
+        q, kc, vc, lens = captured[li]
+        n = int(to_host(lens)[0])
+        exact[li] = exact_attention(to_host(spec.to_float32(q)), to_host(spec.to_float32(kc[:, :n])),
+                                    to_host(spec.to_float32(vc[:, :n])), n)
+    out = {}
+    # the one-pass budget needs the previous step's lse of each layer, which one captured step has
+    # not: it is measured by eval model and eval retrieval only
+    for st in [DENSE] + [st for st in settings if st.budget != spec.ONE_PASS]:
+        per_seed = []
+        for seed in ([0] if st.method == "dense" else seeds):
+            errs = {}
+            for li in layers:
+                q, kc, vc, lens = captured[li]
+                kw = {} if st.method == "dense" else dict(samples=st.samples, sampler=st.sampler,
+                                                          budget=st.budget, seed=int(seed))
+                o = santa_cupy.decode_attention(q, kc, vc, lens, method=st.method, layer=li,
+                                                block_n=block_n, **kw)
+                errs[li] = relative_l2(to_host(spec.to_float32(o)), exact[li])
+                if progress is not None:
+                    progress.update(1)
+            per_seed.append({"seed": int(seed), "layers": errs, "mean": float(np.mean(list(errs.values())))})
+        out[st.label] = {"setting": asdict(st), "per_seed": per_seed}
+    return out
+
+
+def teacher_forced(model, cache0, ids, prefix: int, attention) -> np.ndarray:
+    """Logits [len(ids)-1-prefix, V] predicting ids[prefix+1:], decoding ids[prefix:-1] one at a
+    time (true tokens fed) on a copy of cache0 (the dense prefill of ids[:prefix])."""
+    with make_stepper(model, clone_cache(model, cache0), attention) as step:
+        return np.stack([step(int(t)) for t in ids[prefix:-1]])
+
+
+def greedy_tokens(model, cache0, first: int, n: int, attention, stop_ids=(), margins=None) -> list[int]:
+    """Greedy continuation: feed `first`, then each argmax; n tokens (fewer on a stop id).
+    If `margins` is a list, the top-1 minus top-2 log-probability of every step is appended."""
+    out, tok = [], int(first)
+    with make_stepper(model, clone_cache(model, cache0), attention) as step:
+        for _ in range(n):
+            lg = step(tok)
+            tok = int(np.argmax(lg))
+            if margins is not None:
+                top2 = np.partition(lg.astype(np.float64), -2)[-2:]
+                margins.append(float(top2[1] - top2[0]))
+            out.append(tok)
+            if tok in stop_ids:
+                break
+    return out
+
+
+def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block_n=None,
+                  progress=None) -> dict:
+    """Teacher-forced KL / top-1 / perplexity and greedy exact-match length per setting and seed."""
+    ids = [int(t) for t in ids]
+    targets = np.asarray(ids[prefix + 1:])
+    cache0 = prefilled_cache(model, ids[:prefix], max(len(ids), prefix + 1 + greedy_n) + 1)
+    dense_logits = teacher_forced(model, cache0, ids, prefix, DENSE.attention(0, block_n))
+    margins: list[float] = []
+    dense_greedy = greedy_tokens(model, cache0, ids[prefix], greedy_n, DENSE.attention(0, block_n),
+                                 margins=margins)
+    if progress is not None:
+        progress.update(1)
+    out = {"dense": {"setting": asdict(DENSE), "per_seed": [{
+        "seed": 0, "kl": 0.0, "top1": 1.0, "ppl": perplexity(token_nll(dense_logits, targets)),
+        "greedy_match": len(dense_greedy)}]}}
+    for st in settings:
+        per_seed = []
+        for seed in seeds:
+            att = st.attention(int(seed), block_n)
+            lg = teacher_forced(model, cache0, ids, prefix, att)
+            gr = greedy_tokens(model, cache0, ids[prefix], greedy_n, att)
+            per_seed.append({"seed": int(seed),
+                             "kl": float(kl_from_logits(dense_logits, lg).mean()),
+                             "top1": float(top1_agreement(dense_logits, lg).mean()),
+                             "ppl": perplexity(token_nll(lg, targets)),
+                             "greedy_match": exact_match_length(dense_greedy, gr)})
+            if progress is not None:
+                progress.update(1)
+        out[st.label] = {"setting": asdict(st), "per_seed": per_seed}
+    return {"steps": len(targets), "prefix": prefix, "greedy_tokens": greedy_n,
+            "dense_greedy": dense_greedy, "dense_greedy_margins": margins, "results": out}
+
+
+def retrieval_trials(model, tok, lengths, depths, needles, settings, seeds, answer_tokens: int,
+                     block_n=None, progress=None) -> dict:
+    """Greedy answers to the passcode question per (setting, seed, length, depth, needle)."""
+    stop = set(getattr(tok, "eos_ids", []) or []) | set(np.atleast_1d(model.cfg.eos_token_id).tolist())
+    runs = [(DENSE, 0)] + [(st, int(s)) for st in settings for s in seeds]
+    out = {st.label: {"setting": asdict(st), "trials": []} for st, _ in runs}
+    for L in lengths:
+        for d in depths:
+            for r in range(needles):
+                code = passcode(L, d, r)
+                ids = retrieval_prompt_ids(tok, L, d, code)
+                cache0 = prefilled_cache(model, ids[:-1], len(ids) + answer_tokens + 1)
+                for st, seed in runs:
+                    ans = greedy_tokens(model, cache0, ids[-1], answer_tokens,
+                                        st.attention(seed, block_n), stop)
+                    text = tok.decode(ans)
+                    out[st.label]["trials"].append({
+                        "length": L, "tokens": len(ids), "depth": d, "needle": r, "seed": seed,
+                        "code": code, "answer": text, "success": retrieval_success(text, code)})
+                    if progress is not None:
+                        progress.update(1)
+    return out
+
+
+
+# ============================================================================ runners
+
+
+class Session:
+    """The loaded model and tokenizer, shared by the subcommands of one invocation."""
+
+    def __init__(self, cfg: EvalConfig, which=("kernel", "model", "retrieval")):
+        from llama_min.config import load_config
+        from llama_min.model import LlamaModel
+        from llama_min.models import resolve_model
+        from llama_min.tokenizer import Tokenizer
+        self.cfg = cfg
+        self.device = pick_device(cfg.device)
+        try:
+            self.path = resolve_model(cfg.model, progress=True)
+            model_cfg = load_config(self.path)
+            for notice in check_lengths_fit(cfg, model_cfg.max_position_embeddings, which,
+                                            model_cfg.num_hidden_layers):
+                click.echo(notice, err=True)
+            click.echo(f"loading {self.path} on {self.device} ...", err=True)
+            self.model = LlamaModel.from_pretrained(self.path, device=self.device, dtype=cfg.dtype)
+            self.tok = Tokenizer.from_dir(self.path)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise click.ClickException(str(e)) from None
+        self.settings = settings_grid(cfg.samplers, cfg.budgets, cfg.samples)
+
+    def header(self) -> dict:
+        c = self.cfg
+        return {"model": str(self.path), "device": self.device, "kv_dtype": self.model.kv_dtype,
+                "samplers": c.samplers, "budgets": c.budgets, "samples": c.samples, "seeds": c.seeds,
+                "block_n": c.block_n, "small": c.small}
+
+    def max_context(self) -> int:
+        return int(self.model.cfg.max_position_embeddings)
+
+    def run_kernel(self) -> dict:
+        c = self.cfg
+        n = min(c.context, self.max_context())
+        ids = long_text_ids(self.tok, n)
+        layers = select_layers(c.layers, self.model.cfg.num_hidden_layers, clamp="layers" not in c.given)
+        click.echo(f"eval kernel: capturing q/K/V of {len(layers)} layers at context {n} ...", err=True)
+        captured = capture_attention_inputs(self.model, ids)
+        total = len(layers) * (1 + len(self.settings) * len(c.seeds))
+        with _progress(total, "eval kernel") as bar:
+            res = kernel_errors(captured, layers, self.settings, c.seeds, c.block_n, bar)
+        return {"context": n, "layers": layers, "results": res}
+
+    def run_model(self) -> dict:
+        c = self.cfg
+        n = min(c.context, self.max_context() - c.greedy_tokens - 2)
+        steps = min(c.steps, n - 2)
+        ids = long_text_ids(self.tok, n)
+        click.echo(f"eval model: {n}-token text, {steps} teacher-forced decode steps, "
+                   f"{c.greedy_tokens} greedy tokens ...", err=True)
+        with _progress(1 + len(self.settings) * len(c.seeds), "eval model") as bar:
+            res = model_metrics(self.model, ids, n - 1 - steps, self.settings, c.seeds,
+                                c.greedy_tokens, c.block_n, bar)
+        res["context"] = n
+        return res
+
+    def run_retrieval(self) -> dict:
+        c = self.cfg
+        cap = retrieval_cap(self.max_context(), c.answer_tokens)
+        room = self.max_context() - c.answer_tokens - 1                  # the prompt's part of the cache
+        shortest = len(retrieval_prompt_ids(self.tok, 0, 0.5, 10000))      # the needle and question alone
+        if shortest > room:
+            raise click.BadParameter(f"{c.answer_tokens} leaves {room} of the model's {self.max_context()} "
+                                     f"positions for a prompt; the passcode question alone takes {shortest}",
+                                     param_hint="'--answer-tokens'")
+        lengths = sorted({min(L, cap) for L in c.lengths})
+        trials = len(lengths) * len(c.depths) * c.needles * (1 + len(self.settings) * len(c.seeds))
+        with _progress(trials, "eval retrieval") as bar:
+            res = retrieval_trials(self.model, self.tok, lengths, c.depths, c.needles, self.settings,
+                                   c.seeds, c.answer_tokens, c.block_n, bar)
+        return {"lengths": lengths, "depths": c.depths, "needles": c.needles, "results": res}
+
+
+
+def run_and_report(cfg: EvalConfig, which, json_path, md_path, plot_path):
+    t0 = time.time()
+    session = Session(cfg, which)
+    results = {"config": session.header()}
+    runners = {"kernel": session.run_kernel, "model": session.run_model,
+               "retrieval": session.run_retrieval}
+    for name in which:
+        t = time.time()
+        results[name] = runners[name]()
+        results[name]["seconds"] = round(time.time() - t, 2)
+    results["config"]["seconds"] = round(time.time() - t0, 2)
+    write_report(results, json_path, md_path, plot_path)
+    return results
+
