@@ -144,7 +144,12 @@ def report_markdown(results: dict) -> str:
 
 def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
     """Print the Markdown report; optionally write the raw JSON, the report and a plot."""
-    md = report_markdown(results)
+    emit_report(report_markdown(results), results, json_path, md_path, plot_path, write_plot)
+
+
+def emit_report(md: str, results: dict, json_path=None, md_path=None, plot_path=None, plot=None) -> None:
+    """Print the Markdown report md, then write the results as JSON, md and plot(plot_path, results)
+    where asked; a file that cannot be written is one error line (the printed report survives)."""
     click.echo(md)                           # first: the results survive a file that cannot be written
     try:
         if json_path:
@@ -156,7 +161,7 @@ def write_report(results: dict, json_path=None, md_path=None, plot_path=None) ->
                 f.write(md)
             click.echo(f"wrote {md_path}", err=True)
         if plot_path:
-            write_plot(plot_path, results)
+            plot(plot_path, results)
     except OSError as e:
         raise click.ClickException(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
 

@@ -9,7 +9,7 @@ import os
 import click
 import numpy as np
 
-from santa_tools.evaluation.report import _json_default, markdown_table
+from santa_tools.evaluation.report import emit_report, markdown_table
 from santa_tools.evaluation.ruler.summary import summarize, timings
 
 
@@ -130,21 +130,8 @@ def write_plot(path: str, results: dict) -> None:
 
 
 def write_report(results: dict, json_path=None, md_path=None, plot_path=None) -> None:
-    md = report_markdown(results)
-    click.echo(md)
-    try:
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump(results, f, indent=1, default=_json_default)
-            click.echo(f"wrote {json_path}", err=True)
-        if md_path:
-            with open(md_path, "w") as f:
-                f.write(md)
-            click.echo(f"wrote {md_path}", err=True)
-        if plot_path:
-            write_plot(plot_path, results)
-    except OSError as e:
-        raise click.ClickException(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
+    """Print the RULER report; optionally write the raw JSON, the report and a plot."""
+    emit_report(report_markdown(results), results, json_path, md_path, plot_path, write_plot)
 
 
 
