@@ -26,10 +26,11 @@ def parse_lengths(text: str) -> list[int]:
     return out
 
 
-def time_method(cp, method, shape, lengths, copies, repeats=20, inner=20):
+def time_method(cp, method, shape, lengths, copies, repeats=20, inner=20, always=False):
     B, L = len(lengths), max(lengths)
     inputs = bench.kernels.make_inputs(cp, shape, B, L, copies)
-    plan = bench.kernels.our_plan(method, shape, B, L)
+    options = dict(santa_min_length=0) if always and method.kind == "santa" else {}
+    plan = bench.kernels.our_plan(method, shape, B, L, **options)
     lens = cp.asarray(lengths, dtype=cp.int32)
     fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lens, validate=False) for q, k, v in inputs]
     us, _ = bench.timing.time_cupy_graph(cp, fns, inner, repeats)
@@ -42,6 +43,8 @@ def main():
     ap.add_argument("--methods", default="dense,santa-global-systematic-256,santa-global-systematic-256-always")
     ap.add_argument("--shape", default="llama8b")
     ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--always", action="store_true",
+                    help="santa at every length (santa_min_length=0) for every santa method, e.g. with -pipe")
     args = ap.parse_args()
     cp = bench.gpu._cupy()
     shape = bench.methods.parse_shape(args.shape)
@@ -53,9 +56,9 @@ def main():
     print("|---|---|---|---|---|---|")
     for name in args.methods.split(","):
         m = bench.methods.parse_method(name)
-        r = time_method(cp, m, shape, lengths, args.copies)
-        u = time_method(cp, m, shape, uniform, args.copies)
-        a = time_method(cp, m, shape, [max(lengths)], args.copies)
+        r = time_method(cp, m, shape, lengths, args.copies, always=args.always)
+        u = time_method(cp, m, shape, uniform, args.copies, always=args.always)
+        a = time_method(cp, m, shape, [max(lengths)], args.copies, always=args.always)
         print(f"| {name} | {r:.1f} | {u:.1f} | {r / u:.2f}x | {a:.1f} | {r / a:.2f}x |", flush=True)
 
 

@@ -30,8 +30,9 @@ def make_inputs(cp, shape: Shape, B: int, L: int, n: int) -> list[tuple]:
     return out
 
 
-def our_plan(method: Method, shape: Shape, B: int, L: int):
-    """The DecodePlan of one of our methods (dense kernel version or santa settings)."""
+def our_plan(method: Method, shape: Shape, B: int, L: int, **options):
+    """The DecodePlan of one of our methods (dense kernel version or santa settings); options:
+    DecodePlan keywords that override the method's (e.g. santa_min_length=0)."""
     from santa_cupy import DecodePlan
 
     paged = method.backend in PAGED_SUFFIXES
@@ -49,6 +50,7 @@ def our_plan(method: Method, shape: Shape, B: int, L: int):
             kw.update(SANTA_SUFFIX_OPTIONS[method.backend])
         elif method.backend:                         # a score-pass version
             kw["score_kernel"] = method.backend
+    kw.update(options)
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, **kw)
 
