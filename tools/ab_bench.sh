@@ -3,15 +3,25 @@
 # carried in .ab_*/ (each: `git archive <rev> bench.py cuda llama_min santa_cupy santa_tools tools |
 # tar -x -C .ab_<name>`, git-ignored; name them in the device call's `carry`), one after another in
 # the same call, so their numbers compare. Rows are printed prefixed by the tree's name.
-#   METHODS=... BATCHES=1,16 CONTEXTS=32k bash tools/ab_bench.sh
+#   METHODS=... EXTRA_METHODS=... BATCHES=1,16 CONTEXTS=32k bash tools/ab_bench.sh
+# EXTRA_METHODS go to the trees whose bench knows them (e.g. santa-...-pipe on a branch that adds
+# it); a tree that rejects them runs METHODS alone.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 M=${METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-always,torch-cudnn}
+run() {   # tree name methods
+  (cd "$1" && PYTHONPATH=.:/tmp/site timeout ${BENCH_TIMEOUT:-150} python3 bench.py kernels --batch "${BATCHES:-1,16}" \
+     --context "${CONTEXTS:-32k}" --methods "$3" --no-ceiling --json "$OUT/ab_$2.json" 2>"$OUT/ab_$2.err")
+}
 for tree in . .ab_*; do
   [ -f "$tree/bench.py" ] || continue
   name=$( [ "$tree" = . ] && echo HEAD || echo "${tree#.ab_}" )
-  (cd "$tree" && PYTHONPATH=.:/tmp/site timeout ${BENCH_TIMEOUT:-150} python3 bench.py kernels --batch "${BATCHES:-1,16}" \
-     --context "${CONTEXTS:-32k}" --methods "$M" --no-ceiling --json "$OUT/ab_$name.json" 2>"$OUT/ab_$name.err") \
-    | grep "^| llama" | sed "s/^/$name /"
+  if [ -n "${EXTRA_METHODS:-}" ] && (cd "$tree" && PYTHONPATH=. python3 -c "
+import sys; from santa_tools.bench.methods import parse_method
+[parse_method(m) for m in sys.argv[1].split(',')]" "$EXTRA_METHODS") 2>/dev/null; then
+    run "$tree" "$name" "$M,$EXTRA_METHODS"
+  else
+    run "$tree" "$name" "$M"
+  fi | grep "^| llama" | sed "s/^/$name /"
   tail -1 "$OUT/ab_$name.err"
 done
