@@ -527,11 +527,7 @@ class DecodePlan:
             num_pages, page_size, _, _ = paged.page_shape(k_cache, layout)
             if page_size != self.page_size:
                 raise ValueError(f"k_cache pages hold {page_size} rows, the plan's page_size is {self.page_size}")
-            paged.validate_block_table(block_table, lengths, num_pages, page_size)
-            lens = lengths.get()
-            if (lens > self.L_max).any():
-                b = int((lens > self.L_max).argmax())
-                raise ValueError(f"lengths[{b}] = {int(lens[b])} exceeds the plan's max_length {self.L_max}")
+            paged.validate_block_table(block_table, lengths, num_pages, page_size, self.L_max)
 
     def _page_args(self, block_table, k_cache):
         """The kernels' last four arguments (block_table, page_size, table_stride, page_hnd); page_size

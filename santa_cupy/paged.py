@@ -37,10 +37,11 @@ def page_shape(k_pages, layout="NHD"):
     return num_pages, page_size, KVH, D
 
 
-def validate_block_table(block_table, lengths, num_pages, page_size):
+def validate_block_table(block_table, lengths, num_pages, page_size, max_length=None):
     """Check that every sequence's pages exist: block_table [B, max_pages] integer, enough columns
-    for each length, every used entry in [0, num_pages). Raises ValueError naming block_table and
-    the first bad entry (row-major order); returns the table as int64 NumPy."""
+    for each length, every used entry in [0, num_pages), and (max_length given) no length above it.
+    Raises ValueError naming block_table and the first bad entry (row-major order), or the first
+    length too long; returns the table as int64 NumPy."""
     table = np.asarray(block_table.get() if hasattr(block_table, "get") else block_table)
     lengths = np.asarray(lengths.get() if hasattr(lengths, "get") else lengths)
     if table.ndim != 2 or table.dtype.kind not in "iu":
@@ -51,6 +52,9 @@ def validate_block_table(block_table, lengths, num_pages, page_size):
     if np.any(lengths < 0):
         b = int(np.argmax(lengths < 0))
         raise ValueError(f"lengths must be >= 0, got lengths[{b}] = {int(lengths[b])}")
+    if max_length is not None and np.any(lengths > max_length):
+        b = int(np.argmax(lengths > max_length))
+        raise ValueError(f"lengths[{b}] = {int(lengths[b])} exceeds max_length {max_length}")
     needed = -(-lengths.astype(np.int64) // page_size)                   # pages each sequence uses
     for b in range(table.shape[0]):
         if needed[b] > table.shape[1]:
@@ -70,13 +74,11 @@ def gather_pages(pages, block_table, lengths, max_length=None, layout="NHD"):
     page block_table[b, j // page_size], slot j % page_size; rows >= lengths[b] are zero.
     L_max = max_length or the table's capacity (max_pages * page_size)."""
     num_pages, page_size, KVH, D = page_shape(pages, layout)
-    table = validate_block_table(block_table, lengths, num_pages, page_size)
+    if max_length is None:
+        max_length = np.shape(block_table)[-1] * page_size
+    table = validate_block_table(block_table, lengths, num_pages, page_size, int(max_length))
     lengths = np.asarray(lengths, np.int64)
-    B, max_pages = table.shape
-    L_max = int(max_length) if max_length is not None else max_pages * page_size
-    if np.any(lengths > L_max):
-        b = int(np.argmax(lengths > L_max))
-        raise ValueError(f"lengths[{b}] = {int(lengths[b])} exceeds max_length {L_max}")
+    B, L_max = table.shape[0], int(max_length)
     nhd = pages if layout == "NHD" else np.swapaxes(pages, 1, 2)        # [num_pages, page_size, KVH, D]
     out = np.zeros((B, L_max, KVH, D), pages.dtype)
     for b in range(B):
