@@ -180,13 +180,18 @@ def _check_shapes(q, k_cache, v_cache, lengths):
         raise ValueError(f"q must have B >= 1 and H >= 1, got shape {tuple(q.shape)}")
     if L_max < 1:
         raise ValueError(f"k_cache must have L_max >= 1, got shape {tuple(k_cache.shape)}")
+    _check_heads(H, KVH, D)
+    return B, H, KVH, H // KVH, D, L_max
+
+
+def _check_heads(H, KVH, D):
+    """The head dim and the GQA group of q's H heads over the cache's KVH (contiguous or pages)."""
     if D not in HEAD_DIMS:
         raise ValueError(f"head dim D (q.shape[2]) must be one of {HEAD_DIMS}, got {D}")
     if KVH < 1 or H % KVH != 0:
         raise ValueError(f"q heads H={H} must be a multiple of k_cache KV heads KVH={KVH}")
     if H // KVH > MAX_G:
         raise ValueError(f"GQA group size H/KVH = {H}/{KVH} = {H // KVH} exceeds MAX_G={MAX_G} (q, k_cache)")
-    return B, H, KVH, H // KVH, D, L_max
 
 
 def _check_page_shapes(q, k_pages, v_pages, lengths, layout, max_length):
@@ -208,10 +213,7 @@ def _check_page_shapes(q, k_pages, v_pages, lengths, layout, max_length):
                          f"{describe(lengths)}, q {describe(q)}, k_cache {describe(k_pages)}")
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
         raise ValueError(f"max_length must be an integer >= 1 for a paged cache, got {max_length!r}")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head dim D (q.shape[2]) must be one of {HEAD_DIMS}, got {D}")
-    if KVH < 1 or H % KVH != 0 or H // KVH > MAX_G:
-        raise ValueError(f"q heads H={H} must be a multiple of the pages' KV heads KVH={KVH} with H/KVH <= {MAX_G}")
+    _check_heads(H, KVH, D)
     return B, H, KVH, H // KVH, D, int(max_length)
 
 
