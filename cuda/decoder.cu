@@ -48,7 +48,7 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restric
 //   qkv [N, (H + 2 KVH) D] (Tp, the QKV product: q heads, then k heads, then v heads),
 //   cos, sin [P, D/2] f32 tables, pos [N] int32 (the token's position = its cache row) ->
 //   q_out [N, H, D] (Tkv) rotated q; k_cache row pos[n] of sequence n = rotated k; v_cache's = v.
-// The caches are [N, L_max, KVH, D] (block_table null), or page pools [num_pages, page_size, KVH, D]
+// The caches are [N, L_max, KVH, D] (page_size 0), or page pools [num_pages, page_size, KVH, D]
 // with block_table [N, max_pages] int32 (kv_cache_row, decoder_math.cuh): the page of row pos[n]
 // must be in the table.
 // Rotation (HF rotate_half): for i < D/2, (a, b) = (x_i, x_{i + D/2}) with c, s = cos/sin[pos, i]:

@@ -11,13 +11,14 @@ __device__ __forceinline__ float silu_times(float g, float u) {
 }
 
 // The row of token position p of sequence n in a K or V cache seen as rows of [KVH, D]:
-//   contiguous (block_table null): [N, L_max, KVH, D], row n L_max + p;
+//   contiguous (page_size 0, as the attention kernels' CacheRows; the table is then not read):
+//   [N, L_max, KVH, D], row n L_max + p;
 //   paged (NHD, FlashInfer's and vLLM's layout): a page pool [num_pages, page_size, KVH, D] and
 //   block_table [N, max_pages] int32 (the page ids of sequence n in order), row
 //   block_table[n, p / page_size] page_size + p % page_size.
 __device__ __forceinline__ i64 kv_cache_row(i64 n, i64 p, i64 L_max, const int* __restrict__ block_table,
                                             int max_pages, int page_size) {
-    if (block_table == nullptr) return n * L_max + p;
+    if (page_size == 0) return n * L_max + p;
     return (i64)block_table[n * max_pages + p / page_size] * page_size + p % page_size;
 }
 

@@ -174,7 +174,7 @@ gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__
 // the f32 product in between, bit-identical to the two launches): w [(H + 2 KVH) D, K], block b
 // computes head h = b / (D/2)'s rows i and i + D/2 (i = b % (D/2)), the pair a rotation mixes, and
 // stores them as store_rope_pair does. cos/sin [P, D/2] f32, pos [n_tok] int32; q_out [n_tok, H, D],
-// caches of Tkv as rope_append's: [n_tok, L_max, KVH, D] (block_table null) or page pools
+// caches of Tkv as rope_append's: [n_tok, L_max, KVH, D] (page_size 0) or page pools
 // [num_pages, page_size, KVH, D] with block_table [n_tok, max_pages] int32. Grid (H + 2 KVH) D / 2.
 template <typename T, typename Tkv, int NB>
 __global__ void __launch_bounds__(SC_NTHREADS)

@@ -159,12 +159,13 @@ def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table
             f"pos {pos.dtype} {pos.shape}{table} (H={heads}, KVH={kv_heads})")
 
 
-def _cache_address(k_cache, block_table) -> tuple:
+def _cache_address(k_cache, block_table, pos) -> tuple:
     """The kernels' row-address arguments (L_max, block_table, max_pages, page_size): contiguous
-    caches [n, L_max, KVH, D] with a null table, or page pools [num_pages, page_size, KVH, D]
+    caches [n, L_max, KVH, D] with page_size 0 (the table argument, never read then, is pos: a
+    device array the call has anyway, no allocation), or page pools [num_pages, page_size, KVH, D]
     with the table (decoder_math.cuh kv_cache_row)."""
     if block_table is None:
-        return np.int64(k_cache.shape[1]), np.uint64(0), np.int32(0), np.int32(0)
+        return np.int64(k_cache.shape[1]), pos, np.int32(0), np.int32(0)
     return np.int64(0), block_table, np.int32(block_table.shape[1]), np.int32(k_cache.shape[1])
 
 
@@ -190,7 +191,7 @@ def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, 
     q = _check_out(q_out, (n, heads, D), k_cache.dtype, "gemv_rope")
     launch(_kernel(("gemv_rope", dtype_name, kv, nb)), (w.shape[0] // 2,),
            (w, x, np.int32(x.shape[1]), np.int32(n), cos, sin, pos, q, k_cache, v_cache, np.int32(heads),
-            np.int32(kv_heads), np.int32(D), *_cache_address(k_cache, block_table)), threads=GEMV_THREADS)
+            np.int32(kv_heads), np.int32(D), *_cache_address(k_cache, block_table, pos)), threads=GEMV_THREADS)
     return q
 
 
@@ -255,7 +256,7 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
     pairs = (heads + 2 * kv_heads) * D // 2
     launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)),
            (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
-            *_cache_address(k_cache, block_table)), threads=THREADS)
+            *_cache_address(k_cache, block_table, pos)), threads=THREADS)
     return q
 
 
