@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from santa_tools.bench.methods import PEERS
+from santa_tools.plotting import pyplot
 
 
 def fmt_bytes(n) -> str:
@@ -123,12 +124,8 @@ def _exc_line(exc, width=120) -> str:
 def plot_rows(rows, path):
     """PNG of kernel rows (after add_derived): per (shape, B) a column of two panels against context,
     latency (µs) on top and speedup over our dense ("x our dense") below. Needs matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _log("matplotlib is not installed: no plot (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
     panels = sorted({(r["shape"], r["B"]) for r in rows})
     fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 7), squeeze=False, sharex="col")

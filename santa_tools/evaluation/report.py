@@ -10,6 +10,7 @@ import click
 import numpy as np
 
 from santa_tools.evaluation.metrics import mean_std, success_rate
+from santa_tools.plotting import pyplot
 
 
 def fmt_ms(m: float, s: float, digits: int = 3) -> str:
@@ -67,12 +68,8 @@ def retrieval_table(res: dict) -> str:
 
 
 def write_plot(path: str, results: dict) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        click.echo("matplotlib is not installed: skipping --plot (pip install matplotlib)", err=True)
+    plt = pyplot()
+    if plt is None:
         return
     panels = [k for k in ("kernel", "model", "retrieval") if k in results]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)

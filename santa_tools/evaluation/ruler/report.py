@@ -11,6 +11,7 @@ import numpy as np
 
 from santa_tools.evaluation.report import emit_report, markdown_table
 from santa_tools.evaluation.ruler.summary import summarize, timings
+from santa_tools.plotting import pyplot
 
 
 def _cell(row: dict, dense: bool) -> str:
@@ -97,12 +98,8 @@ def report_markdown(results: dict) -> str:
 
 
 def write_plot(path: str, results: dict) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        click.echo("matplotlib is not installed: skipping --plot (pip install matplotlib)", err=True)
+    plt = pyplot()
+    if plt is None:
         return
     summ, labels = results["summary"], results["config"]["settings"]
     lengths = sorted(summ["lengths"], key=int)
