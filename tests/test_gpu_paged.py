@@ -7,39 +7,10 @@ ValueError naming block_table; a paged plan captures in a CUDA graph."""
 import numpy as np
 import pytest
 
-from santa_cupy import DecodePlan, decode_attention, paged, spec
-from tests.gpu_util import requires_gpu, to_gpu
+from santa_cupy import DecodePlan, decode_attention, paged
+from tests.gpu_util import paged_inputs, requires_gpu, to_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
-
-
-def paged_inputs(rng, lengths, page_size, H=8, KVH=2, D=128, dtype="bfloat16", layout="NHD", spare=3):
-    """q, page pools (shuffled page ids, one page shared by sequences 0 and 1, pages past each
-    length filled with garbage the kernels must not read), block table [B, max_pages + 1] int32
-    (padding -5 past each sequence's pages), lengths int32."""
-    lengths = np.asarray(lengths, np.int32)
-    need = -(-lengths // page_size)
-    num_pages = int(need.sum()) + spare
-    order = rng.permutation(num_pages)
-    max_pages = int(need.max()) + 1
-    table = np.full((len(lengths), max_pages), -5, np.int32)
-    at = 0
-    for b, k in enumerate(need):
-        table[b, :k] = order[at:at + k]
-        at += k
-    if len(lengths) > 1 and need[0] and need[1]:
-        table[1, 0] = table[0, 0]                               # a shared prefix page
-    shape = (num_pages, page_size, KVH, D) if layout == "NHD" else (num_pages, KVH, page_size, D)
-    conv = lambda x: spec.from_float32(x.astype(np.float32), dtype, np)   # noqa: E731
-    kp = conv(rng.standard_normal(shape))
-    vp = conv(rng.standard_normal(shape))
-    used = set(table[table >= 0].ravel().tolist())
-    for p in range(num_pages):                                  # unused pages: garbage
-        if p not in used:
-            kp[p] = conv(np.full(shape[1:], 1e4))
-            vp[p] = conv(np.full(shape[1:], -3e4))
-    q = conv(rng.standard_normal((len(lengths), H, D)))
-    return q, kp, vp, table, lengths
 
 
 def contiguous(q, kp, vp, table, lengths, layout):

@@ -3,30 +3,13 @@
 import numpy as np
 import pytest
 
-from santa_cupy import decode_attention, paged, spec
+from santa_cupy import decode_attention, paged
+from tests.gpu_util import paged_inputs
 
 
-def _paged_inputs(rng, B=3, H=8, KVH=2, D=64, page_size=16, lengths=(50, 16, 1), spare=4, layout="NHD",
-                  dtype="bfloat16"):
-    """A page pool with shuffled pages, one page shared by two sequences, padded tables."""
-    lengths = np.asarray(lengths, np.int32)
-    need = -(-lengths // page_size)
-    num_pages = int(need.sum()) + spare
-    order = rng.permutation(num_pages)                                # shuffled page ids
-    max_pages = int(need.max()) + 2
-    table = np.full((B, max_pages), -7, np.int32)                    # padding: ignored past the need
-    at = 0
-    for b in range(B):
-        table[b, :need[b]] = order[at:at + need[b]]
-        at += need[b]
-    if B > 1 and need[1] and need[0]:
-        table[1, 0] = table[0, 0]                                     # a shared (prefix) page
-    conv = lambda x: spec.from_float32(x, dtype, np)  # noqa: E731
-    shape = (num_pages, page_size, KVH, D) if layout == "NHD" else (num_pages, KVH, page_size, D)
-    kp = conv(rng.standard_normal(shape).astype(np.float32))
-    vp = conv(rng.standard_normal(shape).astype(np.float32))
-    q = conv(rng.standard_normal((B, H, D)).astype(np.float32))
-    return q, kp, vp, table, lengths
+def _paged_inputs(rng, page_size=16, lengths=(50, 16, 1), layout="NHD"):
+    """Shuffled pages, one shared by two sequences, padded tables, unused pages garbage (gpu_util)."""
+    return paged_inputs(rng, lengths, page_size, D=64, layout=layout, spare=4)
 
 
 @pytest.mark.parametrize("layout", paged.LAYOUTS)
