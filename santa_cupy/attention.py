@@ -646,7 +646,7 @@ class DecodePlan:
         if self.dense_kernel == "mma":
             args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread,
                      i32(self.santa_from), self.rows_read)
-        kernels.launch(self._dense_fn, (self.dense_pairs, self.KVH), args + pages,
+        kernels.launch(self._dense_fn, (self.dense_pairs * self.KVH,), args + pages,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
     def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0):
@@ -660,7 +660,7 @@ class DecodePlan:
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s, *pages))
         else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
-            kernels.launch(kernel, (self._run_blocks(self.score_tpw), self.KVH),
+            kernels.launch(kernel, (self._run_blocks(self.score_tpw) * self.KVH,),
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
                             *pages), smem)
         kernels.launch(self.kernels.prefix, (self.H, self.B),
@@ -674,7 +674,7 @@ class DecodePlan:
         finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
         partials are santa_merge's."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self._run_blocks(self.tile_tpw), self.KVH),
+        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self._run_blocks(self.tile_tpw) * self.KVH,),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
