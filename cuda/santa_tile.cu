@@ -164,7 +164,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // accumulators of the tile, staged through shared memory likewise, or staged and added on tensor
 // cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
 // non-finite value marks a NaN/inf score: that head draws nothing and its o is NaN).
-// grid (blocks of the batch's runs x KVH, the heads fastest), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
+// grid (KVH, blocks of the batch's runs), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
 // c from tiles_per_warp and the lengths, as in santa_score_mma); warp w of its sequence's block k
 // takes run r = 4k + w, tiles [r * c, (r + 1) * c).
 // Sequences shorter than santa_from belong to decode_dense_mma (the plan's dense fallback).
@@ -404,11 +404,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     constexpr int E = D / 32;                // elements of a V row per lane
     constexpr int kWarps = SC_NTHREADS / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = blockIdx.x % KVH;          // the KV heads of one block of runs are neighbours
+    const int g = blockIdx.x;                // the KV heads of one block of runs are neighbours
     // block x: its sequence's block `blk`, runs of c tiles (common.cuh run_block, as the score pass);
     // sequences shorter than santa_from are decode_dense_mma's and have no blocks here
     int b32, blk, c;
-    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.x / KVH, &b32, &blk, &c);
+    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.y, &b32, &blk, &c);
     if (b32 < 0) return;
     // the sequence, re-read from shared memory after the tile loop (the kernel is capped at 128
     // registers; the loop keeps b)
