@@ -410,12 +410,6 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     int b32, blk, c;
     run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.y, &b32, &blk, &c);
     if (b32 < 0) return;
-    // the sequence, re-read from shared memory after the tile loop (the kernel is capped at 128
-    // registers; the loop keeps b)
-    __shared__ int seq_s;
-    if (threadIdx.x == 0) seq_s = b32;
-    __syncthreads();
-    const volatile int& seq_v = seq_s;
     const i64 b = b32;
     const int n = seq_len(lengths, b, L_max);
     const int n_tiles = (n + BN - 1) / BN;
@@ -588,7 +582,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const float m2 = warp_sum(m2p[h]);
         if (lane == 0) m2_w[h] = m2;
     }
-    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[(i64)seq_v * KVH + g], rows_total);
+    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
     if constexpr (!kFinish) {                // the run's partial in t0's slots; santa_merge follows
         if (rows_total == 0) return;         // no comb point: part_s[., t0].zw stay pass 1's zeros
 #pragma unroll
@@ -631,7 +625,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         if (x != 0.f) atomicAdd(copy + (i64)batch * H * D + head0 + h, x);
     }
     // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
-    if (!block_arrives_last(arrive + (i64)seq_v * KVH + g, blocks)) return;
+    if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
     for (int h = warp; h < G; h += kWarps)
         finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride,
                           fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,
