@@ -1,6 +1,6 @@
 // decode_dense.cu — exact split-KV decode attention (flash-decoding), the baseline and fallback.
 //
-// grid (pairs, KVH), block SC_NTHREADS. Block (w, g) takes the w-th (sequence b, split s) pair of
+// grid (KVH, pairs), block SC_NTHREADS. Block (g, w) takes the w-th (sequence b, split s) pair of
 // the batch (common.cuh: dense_pair, the split balanced over the sequences' lengths) and covers rows
 // [s*rows_b, min((s+1)*rows_b, n_b)) of KV head g for the G query heads of the group,
 // keeping an online softmax per head in the log2 domain (DenseState), one state per row group
@@ -143,9 +143,9 @@ decode_dense_partial(const T* __restrict__ q, const T* __restrict__ k_cache, con
     using GQ = GroupQuery<T, D, G>;
     constexpr int kRG = GQ::kRowGroups;
     constexpr int U = G <= 4 ? 4 : 2;           // rows per row group in flight (register budget)
-    const int g = blockIdx.y;
+    const int g = blockIdx.x;                // the KV heads of one pair are neighbours (common.cuh)
     int b, split, part_rows;
-    dense_pair(lengths, batch, L_max, split_target, n_splits, SC_ALL_DENSE, blockIdx.x, &b, &split, &part_rows);
+    dense_pair(lengths, batch, L_max, split_target, n_splits, SC_ALL_DENSE, blockIdx.y, &b, &split, &part_rows);
     if (b < 0) return;
     const i64 part = (b * H + (i64)g * G) * n_splits + split;      // (b, first head of group, split)
     i64 row_begin, row_end;
@@ -300,12 +300,12 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     constexpr int kStep = 16 * kWarps;       // keys per block per step
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, t = lane & 3;
-    const int g = blockIdx.y;
+    const int g = blockIdx.x;                // the KV heads of one pair are neighbours (common.cuh)
     // santa_from: sequences this long or longer are the santa kernels' (a santa plan's short
     // sequences run here; SC_ALL_DENSE in a dense plan): they have no pairs. rows_read [B, KVH]: the rows
     // this kernel read.
     int b0, split, part_rows;
-    dense_pair(lengths, batch, L_max, split_target, n_splits, santa_from, blockIdx.x, &b0, &split, &part_rows);
+    dense_pair(lengths, batch, L_max, split_target, n_splits, santa_from, blockIdx.y, &b0, &split, &part_rows);
     if (b0 < 0) return;
     // The block's sequence and row count per split, re-read from shared memory where used: the
     // step loop has no registers to spare (255; a register copy of them spilled 180 bytes).

@@ -68,7 +68,7 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 }
 
 // v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per run of consecutive tiles, no
-// block-level sync: grid (blocks of the batch's runs, KVH) (common.cuh run_block: runs of c tiles,
+// block-level sync: grid (KVH, blocks of the batch's runs) (common.cuh run_block: runs of c tiles,
 // c from tiles_per_warp and the lengths); warp w of the sequence's block k takes run r = 4k + w,
 // i.e. tiles [r * c, (r + 1) * c) that start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
 // decode_dense_mma); each step's scores go straight to the stash and into per-thread online
@@ -139,12 +139,12 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     const int warp = threadIdx.x >> 5;
-    const int g = blockIdx.y;
+    const int g = blockIdx.x;                // the KV heads of one block of runs are neighbours
     // block x: its sequence's block `blk`, runs of c tiles (common.cuh run_block; tiles_per_warp is
     // the plan's run length for full sequences). A sequence shorter than santa_from is
     // decode_dense_mma's (a santa plan's dense fallback): no tiles here.
     int b32, blk, c;
-    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.x, &b32, &blk, &c);
+    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.y, &b32, &blk, &c);
     if (b32 < 0) return;
     const i64 b = b32;
     const int n = seq_len(lengths, b, L_max);

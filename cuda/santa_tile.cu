@@ -164,7 +164,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // accumulators of the tile, staged through shared memory likewise, or staged and added on tensor
 // cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
 // non-finite value marks a NaN/inf score: that head draws nothing and its o is NaN).
-// grid (blocks of the batch's runs, KVH), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
+// grid (KVH, blocks of the batch's runs), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
 // c from tiles_per_warp and the lengths, as in santa_score_mma); warp w of its sequence's block k
 // takes run r = 4k + w, tiles [r * c, (r + 1) * c).
 // Sequences shorter than santa_from belong to decode_dense_mma (the plan's dense fallback).
@@ -404,18 +404,12 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     constexpr int E = D / 32;                // elements of a V row per lane
     constexpr int kWarps = SC_NTHREADS / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = blockIdx.y;
+    const int g = blockIdx.x;                // the KV heads of one block of runs are neighbours
     // block x: its sequence's block `blk`, runs of c tiles (common.cuh run_block, as the score pass);
     // sequences shorter than santa_from are decode_dense_mma's and have no blocks here
     int b32, blk, c;
-    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.x, &b32, &blk, &c);
+    run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.y, &b32, &blk, &c);
     if (b32 < 0) return;
-    // the sequence, re-read from shared memory after the tile loop (the kernel is capped at 128
-    // registers; the loop keeps b)
-    __shared__ int seq_s;
-    if (threadIdx.x == 0) seq_s = b32;
-    __syncthreads();
-    const volatile int& seq_v = seq_s;
     const i64 b = b32;
     const int n = seq_len(lengths, b, L_max);
     const int n_tiles = (n + BN - 1) / BN;
@@ -588,7 +582,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const float m2 = warp_sum(m2p[h]);
         if (lane == 0) m2_w[h] = m2;
     }
-    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[(i64)seq_v * KVH + g], rows_total);
+    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
     if constexpr (!kFinish) {                // the run's partial in t0's slots; santa_merge follows
         if (rows_total == 0) return;         // no comb point: part_s[., t0].zw stay pass 1's zeros
 #pragma unroll
@@ -616,7 +610,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // accumulators (by block: fewer atomics on each address); exact zeros (no point) are skipped.
     __syncthreads();
     const i64 copy_stride = (i64)batch * H * (D + 1);
-    float* copy = acc + (i64)(blockIdx.x % SC_ACC_COPIES) * copy_stride;
+    float* copy = acc + (i64)(blk % SC_ACC_COPIES) * copy_stride;
     const float* sums_all = reinterpret_cast<const float*>(smem) + kWarps * (G * BN + BN);
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
         float x = 0.f;
@@ -631,7 +625,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         if (x != 0.f) atomicAdd(copy + (i64)batch * H * D + head0 + h, x);
     }
     // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
-    if (!block_arrives_last(arrive + (i64)seq_v * KVH + g, blocks)) return;
+    if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
     for (int h = warp; h < G; h += kWarps)
         finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride,
                           fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,

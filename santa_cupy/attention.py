@@ -27,6 +27,7 @@ from santa_cupy import interop, kernels, paged, reference, spec
 
 STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
 _INT32_MAX = 2**31 - 1
+MAX_GRID_Y = 65535                   # CUDA's grid y limit: the (sequence, split) pairs or runs a KV head
 
 
 @dataclass
@@ -642,7 +643,7 @@ class DecodePlan:
         if self.dense_kernel == "mma":
             args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread,
                      i32(self.santa_from), self.rows_read)
-        kernels.launch(self._dense_fn, (self.dense_pairs, self.KVH), args + pages,
+        kernels.launch(self._dense_fn, (self.KVH, self.dense_pairs), args + pages,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
     def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0):
@@ -656,7 +657,7 @@ class DecodePlan:
             kernels.launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s, *pages))
         else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
-            kernels.launch(kernel, (self._run_blocks(self.score_tpw), self.KVH),
+            kernels.launch(kernel, (self.KVH, self._run_blocks(self.score_tpw)),
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
                             *pages), smem)
         kernels.launch(self.kernels.prefix, (self.H, self.B),
@@ -670,7 +671,7 @@ class DecodePlan:
         finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
         partials are santa_merge's."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self._run_blocks(self.tile_tpw), self.KVH),
+        kernels.launch(self._warp_kernels[self.finish_in_kernel], (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
@@ -718,8 +719,12 @@ class DecodePlan:
     def _run_blocks(self, tpw):
         """Grid x of santa_score_mma and santa_tile_warp: blocks of the batch's runs a KV head, whose
         run length the kernels fit to the lengths (cuda/common.cuh run_block; tpw = the plan's for
-        full sequences): at most ceil(B * T_max / (4 tpw)) + B."""
-        return -(-self.B * self.T_max // (kernels.THREADS // 32 * tpw)) + self.B
+        full sequences): at most ceil(B * T_max / (4 tpw)) + B, the grid's y (at most 65535)."""
+        blocks = -(-self.B * self.T_max // (kernels.THREADS // 32 * tpw)) + self.B
+        if blocks > MAX_GRID_Y:
+            raise ValueError(f"batch {self.B} x {self.T_max} tiles in runs of {tpw} need {blocks} blocks a KV head, "
+                             f"more than a grid's {MAX_GRID_Y}: use a larger tiles_per_warp or block_n")
+        return blocks
 
     def _merge(self, lengths, out, kind, part_rows, o_stride=1, split_target=0):
         """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles);

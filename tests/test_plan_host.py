@@ -132,7 +132,7 @@ def test_forced_dense_splits(launches):
         assert (plan.part_rows, plan.P_max) == (rows, splits)
         assert plan.dense_merges_itself == (splits <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
         plan.run(q, k, v, lengths)
-        assert launches[0][1][0] == plan.dense_pairs == 2 * splits   # grid x: (sequence, split) pairs
+        assert launches[0][1] == (2, plan.dense_pairs) and plan.dense_pairs == 2 * splits   # KV heads x pairs
     for bad in (0, -2, 2.0, True):
         with pytest.raises(ValueError, match="dense_splits"):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method="dense", dense_splits=bad)
@@ -333,7 +333,7 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     params = _kernel_params()
     for name in ("santa_score_mma", "santa_tile_warp"):
         grid, args = by_name[name]
-        assert grid == (6, 2)                                  # ceil(2 * 24 / (4 * 3)) + 2 blocks a KV head
+        assert grid == (2, 6)                                  # 2 KV heads x ceil(2 * 24 / (4 * 3)) + 2 blocks
         assert int(args[params[name].index("tiles_per_warp")]) == 3
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]   # o from the warp pass 2
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
@@ -364,7 +364,7 @@ def test_fixed_warp_launch(launches):
     params = _kernel_params()
     by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
     grid, args = by_name["santa_tile_warp"]
-    assert grid == (5, 2)                                      # ceil(2 * 24 / (4 * 5)) + 2 blocks a KV head
+    assert grid == (2, 5)                                      # 2 KV heads x ceil(2 * 24 / (4 * 5)) + 2 blocks
     assert int(args[params["santa_tile_warp"].index("budget")]) == kernels.BUDGET_CODE["fixed"]
     _, pargs = by_name["santa_prefix"]
     assert int(pargs[params["santa_prefix"].index("budget_lr")]) == 0
