@@ -389,6 +389,55 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
 #define SC_GATHER_REGS 0
 #define SC_GATHER_STAGED 1
 #define SC_GATHER_MMA 2
+// SC_GATHER_PIPE: staged as SC_GATHER_STAGED, but a tile of at most kStageRows selected rows is only
+// issued (cp.async, its counts copied beside the stage) and added after the next tile's counts, so
+// its V round trip overlaps that work; heavier tiles take the staged gather at once. The same sums in
+// the same order as SC_GATHER_STAGED (tile_kernel "warp_pipe"; not measured yet: not a default).
+#define SC_GATHER_PIPE 3
+
+// Add the n rows a pipelined tile left in this warp's stage (lane slices), with their counts in
+// coef [G][kRows] and this lane's head weight w_pend (lane h: head h), into the run sums and m2p,
+// as the staged gather and the tile fold do.
+template <typename T, int D, int G, int kRows>
+__device__ __forceinline__ void add_staged_tile(float* sums, float (&m2p)[G], const T* stage, const float* coef,
+                                                int n, float w_pend, float inv_s_t) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    float tile[G][E], tile_m2[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        tile_m2[h] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
+    }
+    for (int r = 0; r < n; ++r) {                                   // warp-uniform
+        float v[E];
+        load_slice<T, E>(stage + r * D + lane * E, v);
+        float sq = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) sq = fmaf(v[e], v[e], sq);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float cf = coef[h * kRows + r];
+            if (cf == 0.f) continue;
+#pragma unroll
+            for (int e = 0; e < E; ++e) tile[h][e] = fmaf(cf, v[e], tile[h][e]);
+            tile_m2[h] = fmaf(cf, sq, tile_m2[h]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        const float w = __shfl_sync(0xffffffffu, w_pend, h);
+        float q2 = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            sums[h * D + e] = fmaf(w, tile[h][e], sums[h * D + e]);
+            q2 = fmaf(tile[h][e], tile[h][e], q2);
+        }
+        m2p[h] = fmaf(w * w, tile_m2[h] - q2 * inv_s_t, m2p[h]);
+    }
+}
+
 template <typename T, int D, int BN, int G, int kGather, bool kFinish>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
@@ -444,6 +493,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     constexpr int kStageRows = SC_GATHER_STAGE_BYTES / (D * (int)sizeof(T));
     T* stage = reinterpret_cast<T*>(reinterpret_cast<float*>(smem) + kWarps * (G * BN + BN + G * D)) +
                warp * kStageRows * D;
+    // SC_GATHER_PIPE: the pending tile's counts [G][kStageRows] after the 4 warps' stages
+    constexpr bool kPipe = kGather == SC_GATHER_PIPE;
+    float* coef = reinterpret_cast<float*>(reinterpret_cast<T*>(reinterpret_cast<float*>(smem) +
+                                                                kWarps * (G * BN + BN + G * D)) +
+                                           kWarps * kStageRows * D) + warp * G * kStageRows;
 
     float* m2_w = reinterpret_cast<float*>(rows);              // after the run: its m2 per head
 #pragma unroll
@@ -505,6 +559,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     fetch(t0);
     plan_tile(t0);
     int rows_total = 0;                      // distinct (tile, row) pairs read
+    int pend = 0;                            // kPipe: rows of the previous tile waiting in the stage
+    float w_pend = 1.f;                      // ... and its weight (lane h: head h)
     for (int t = t0; t < t_end; ++t) {
         const i64 row0 = (i64)t * BN;
         const int nrows = (int)min((i64)BN, n - row0);
@@ -515,6 +571,26 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         // before this tile's gather
         const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows) : 0;
         if (t + 1 < t_end) plan_tile(t + 1);
+        if constexpr (kPipe) {
+            if (pend) {                      // the previous tile's rows have had this tile's counts to land
+                cp_async_wait<0>();
+                add_staged_tile<T, D, G, kStageRows>(sums, m2p, stage, coef, pend, w_pend, inv_s_t);
+                __syncwarp();                // stage and coef are rewritten below
+                pend = 0;
+            }
+            if (any && nsel <= kStageRows) { // issue this tile's rows; add them after the next tile's counts
+                for (int w = lane; w < nsel * G; w += 32) {
+                    const int h = w / nsel, r = w - h * nsel;
+                    coef[h * kStageRows + r] = (float)cnt[h * BN + rows[r]];
+                }
+                for (int r = 0; r < nsel; ++r)
+                    cp_async_bytes<E * (int)sizeof(T)>(stage + r * D + lane * E, V.row(b, row0 + rows[r], g) + lane * E);
+                cp_async_commit();
+                __syncwarp();                // coef written; cnt and rows are rewritten by the next tile
+                pend = nsel; w_pend = my_w; rows_total += nsel;
+                continue;
+            }
+        }
         if (!any) continue;                  // no comb point here
         if constexpr (kMma) {
             // counts exact in T: no head draws more than kMaxCount points here (n bounds a count)
@@ -575,6 +651,13 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         }
         rows_total += nsel;
         __syncwarp();                        // cnt and rows are rewritten by the next tile
+    }
+    if constexpr (kPipe) {
+        if (pend) {                          // the run's last pipelined tile
+            cp_async_wait<0>();
+            add_staged_tile<T, D, G, kStageRows>(sums, m2p, stage, coef, pend, w_pend, inv_s_t);
+            __syncwarp();
+        }
     }
     // The run's m2 per head into this warp's m2_w (rows is free now); rows read.
 #pragma unroll

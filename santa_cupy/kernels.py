@@ -171,9 +171,10 @@ SCORE_KERNELS = ("auto", "stream", "mma")
 # pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
 # gathers 4 rows at a time in registers ("warp"), through shared memory ("warp_staged"), or staged
 # and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
-TILE_KERNELS = ("auto", "block", "warp", "warp_staged", "warp_mma")
-GATHER_REGS, GATHER_STAGED, GATHER_MMA = 0, 1, 2   # SC_GATHER_* (santa_tile.cu): kGather
-TILE_WARP_GATHERS = {"tile_warp": GATHER_REGS, "tile_warp_staged": GATHER_STAGED, "tile_warp_mma": GATHER_MMA}
+TILE_KERNELS = ("auto", "block", "warp", "warp_staged", "warp_mma", "warp_pipe")
+GATHER_REGS, GATHER_STAGED, GATHER_MMA, GATHER_PIPE = 0, 1, 2, 3   # SC_GATHER_* (santa_tile.cu): kGather
+TILE_WARP_GATHERS = {"tile_warp": GATHER_REGS, "tile_warp_staged": GATHER_STAGED, "tile_warp_mma": GATHER_MMA,
+                     "tile_warp_pipe": GATHER_PIPE}
 WARP_TILE_MAX_G = 8
 STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
 MMA_MIN_ROWS = 16            # ... and gathers on tensor cores from this many (where it can)
@@ -209,17 +210,19 @@ def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="globa
         if mma_ok and rows_per_tile >= MMA_MIN_ROWS:
             return "warp_mma"
         return "warp_staged" if rows_per_tile >= STAGED_MIN_ROWS else "warp"
-    if choice in ("warp", "warp_staged", "warp_mma") and not ok:
+    if choice in ("warp", "warp_staged", "warp_mma", "warp_pipe") and not ok:
         raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic', heads // kv_heads <= "
                          f"{WARP_TILE_MAX_G} and the tensor-core score pass (dtype in {MMA_DTYPES}, head_dim in "
                          f"{MMA_HEAD_DIMS}, score_kernel 'auto' or 'mma'), got sampler={sampler!r}, group={group}")
     return choice
 
 
-def tile_warp_smem_bytes(block_n, group, head_dim, staged=False) -> int:
+def tile_warp_smem_bytes(block_n, group, head_dim, staged=False, pipelined=False) -> int:
     """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32 (+ the staged
-    gather's GATHER_STAGE_BYTES)."""
-    per_warp = 4 * (group * block_n + block_n + group * head_dim) + (GATHER_STAGE_BYTES if staged else 0)
+    gathers' GATHER_STAGE_BYTES of 16-bit rows; + the pipelined gather's counts [G][stage rows] f32)."""
+    per_warp = 4 * (group * block_n + block_n + group * head_dim) + (GATHER_STAGE_BYTES if staged or pipelined else 0)
+    if pipelined:
+        per_warp += 4 * group * (GATHER_STAGE_BYTES // (2 * head_dim))
     return (THREADS // 32) * per_warp
 
 
@@ -259,6 +262,8 @@ class KernelSet:
     tile_warp_finish: object = None
     tile_warp_staged_finish: object = None
     tile_warp_mma_finish: object = None
+    tile_warp_pipe: object = None
+    tile_warp_pipe_finish: object = None
     one_pass: object = None
     prefix: object = None
 

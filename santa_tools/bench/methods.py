@@ -38,7 +38,7 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 # dense fallback below the plan's santa_min_length)
 SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                         "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
-                        "warpmma": {"tile_kernel": "warp_mma"},
+                        "warpmma": {"tile_kernel": "warp_mma"}, "pipe": {"tile_kernel": "warp_pipe"},
                         "always": {"santa_min_length": 0}}
 # "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
 # (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
