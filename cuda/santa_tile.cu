@@ -159,10 +159,10 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // The same counts as santa_tile (same exp, the same per-head cumulative sum order as tile_cumsum,
 // the same closed-form comb counts, the slope over the tile's exp-sum as summed here) but computed
 // in registers by the 32 lanes of one warp, each owning rows [lane * BN/32, (lane + 1) * BN/32) of
-// a tile. Selected rows (the union over the group's heads) are gathered by one of three gathers
-// (kGather, below): 4 at a time with every lane adding its D/32 elements into per-head register
-// accumulators of the tile, staged through shared memory likewise, or staged and added on tensor
-// cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
+// a tile. Selected rows (the union over the group's heads) are gathered by one of two gathers
+// (kGather, below): staged through shared memory with every lane adding its D/32 elements into
+// per-head register accumulators of the tile (a light tile's rows in flight over the next tile's
+// counts), or staged and added on tensor cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
 // non-finite value marks a NaN/inf score: that head draws nothing and its o is NaN).
 // grid (KVH, blocks of the batch's runs), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
 // c from tiles_per_warp and the lengths, as in santa_score_mma); warp w of its sequence's block k
@@ -193,7 +193,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // nvcc takes 130-186 and the occupancy halves), 3 for G 5..8 (164-168, as the kernel took before
 // this session; capped at 128 it spilled 100+ bytes).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
-// then per warp sums [G][D] f32; then, staged gathers, per warp SC_GATHER_STAGE_BYTES of staged V rows.
+// then per warp sums [G][D] f32; then per warp SC_GATHER_STAGE_BYTES of staged V rows; then, SC_GATHER_PIPE,
+// per warp the pending tile's counts [G][kStageRows] f32.
 
 
 template <typename T, int N>
@@ -304,46 +305,10 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
     return warp_list_rows<R>(rows, any_row);
 }
 
-// Gather-add of the nsel selected rows of one tile (first row row0), kGather V rows in flight:
-// acc[h][e] += c_h(j) V_j[lane*E + e];  m2p[h] += c_h(j) * (lane's part of ||V_j||^2)
-template <typename T, int D, int BN, int G, int kGather>
-__device__ __forceinline__ void warp_gather_add(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
-                                                const int* rows, int nsel, const CacheRows<T, D>& V, i64 b,
-                                                i64 row0, int g) {
-    constexpr int E = D / 32;
-    const int lane = threadIdx.x & 31;
-    for (int base = 0; base < nsel; base += kGather) {           // warp-uniform
-        float v[kGather][E];
-        int jr[kGather];
-#pragma unroll
-        for (int u = 0; u < kGather; ++u) {
-            const bool ok = base + u < nsel;
-            jr[u] = ok ? rows[base + u] : -1;
-            if (ok) load_slice<T, E>(V.row(b, row0 + jr[u], g) + lane * E, v[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kGather; ++u) {
-            if (jr[u] < 0) continue;
-            float sq = 0.f;
-#pragma unroll
-            for (int e = 0; e < E; ++e) sq = fmaf(v[u][e], v[u][e], sq);
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const int ch = cnt[h * BN + jr[u]];
-                if (ch == 0) continue;
-                const float cf = (float)ch;
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[h][e] = fmaf(cf, v[u][e], acc[h][e]);
-                m2p[h] = fmaf(cf, sq, m2p[h]);
-            }
-        }
-    }
-}
-
-// The same gather-add with the selected rows staged through shared memory by cp.async, kRows
-// rows per round (4 KB per warp): a tile's rows are in flight together without holding registers,
-// so a tile of many selected rows (the fixed budget at large S_t) costs ceil(nsel / kRows) round
-// trips instead of ceil(nsel / 4). Each lane copies and reads back only its own D/32 elements of
+// Gather-add of the nsel selected rows of one tile (first row row0), staged through shared memory
+// by cp.async, kRows rows per round (4 KB per warp): acc[h][e] += c_h(j) V_j[lane*E + e] and
+// m2p[h] += c_h(j) * (lane's part of ||V_j||^2). A tile's rows are in flight together without
+// holding registers, so a tile of many selected rows costs ceil(nsel / kRows) round trips. Each lane copies and reads back only its own D/32 elements of
 // every row, so its cp.async wait is all the synchronisation needed. stage: this warp's [kRows][D].
 template <typename T, int D, int BN, int G, int kRows>
 __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], float (&m2p)[G], const int* cnt,
@@ -382,18 +347,18 @@ __device__ __forceinline__ void warp_gather_add_staged(float (&acc)[G][D / 32], 
 }
 
 // kGather: how a tile's selected V rows are gathered and added (kernels.py picks by the rows a
-// tile is expected to select): SC_GATHER_REGS 4 rows at a time in registers (warp_gather_add),
-// SC_GATHER_STAGED kRows at a time through shared memory (warp_gather_add_staged), SC_GATHER_MMA
-// staged likewise, then on tensor cores (gather_mma.cuh; fp16/bf16 at D 64/128 only, and a tile
-// whose counts are not exact in T takes the staged FMA gather).
-#define SC_GATHER_REGS 0
-#define SC_GATHER_STAGED 1
-#define SC_GATHER_MMA 2
-// SC_GATHER_PIPE: staged as SC_GATHER_STAGED, but a tile of at most kStageRows selected rows is only
-// issued (cp.async, its counts copied beside the stage) and added after the next tile's counts, so
-// its V round trip overlaps that work; heavier tiles take the staged gather at once. The same sums in
-// the same order as SC_GATHER_STAGED (tile_kernel "warp_pipe"; not measured yet: not a default).
-#define SC_GATHER_PIPE 3
+// tile is expected to select):
+//   SC_GATHER_PIPE (tile_kernel "warp"): a tile of at most kStageRows selected rows is issued
+//     (cp.async into this warp's stage, its counts copied beside it) and added after the next
+//     tile's counts, so its V round trip overlaps that work; a heavier tile is gathered at once,
+//     kStageRows rows a round trip (warp_gather_add_staged). Measured on the H200 against the
+//     earlier 4-rows-in-registers and staged-at-once gathers: 381 against 394 / 386 us at B=16 32k,
+//     107 against 111 / 108 at B=4 32k, equal at 128k.
+//   SC_GATHER_MMA (tile_kernel "warp_mma"): staged likewise, then added on tensor cores
+//     (gather_mma.cuh; fp16/bf16 at D 64/128 only; a tile whose counts are not exact in T takes
+//     the staged FMA gather).
+#define SC_GATHER_PIPE 0
+#define SC_GATHER_MMA 1
 
 // Add the n rows a pipelined tile left in this warp's stage (lane slices), with their counts in
 // coef [G][kRows] and this lane's head weight w_pend (lane h: head h), into the run sums and m2p,
@@ -634,10 +599,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
 #pragma unroll
             for (int e = 0; e < E; ++e) tile[h][e] = 0.f;
         }
-        if constexpr (kGather != SC_GATHER_REGS)
-            warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, b, row0, g);
-        else
-            warp_gather_add<T, D, BN, G, 4>(tile, tile_m2, cnt, rows, nsel, V, b, row0, g);
+        warp_gather_add_staged<T, D, BN, G, kStageRows>(tile, tile_m2, cnt, rows, nsel, stage, V, b, row0, g);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             const float w = __shfl_sync(0xffffffffu, my_w, h);

@@ -259,13 +259,11 @@ class DecodePlan:
         self.score_kernel = kernels.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         spec.check_choice("tile_kernel", tile_kernel, kernels.TILE_KERNELS)
         # santa pass 2 (fused run): "block" (a 128-thread block per tile) | "warp" (v4, one warp per
-        # run of tiles: systematic sampler, G <= 8, every budget; rows gathered 4 at a time) |
-        # "warp_pipe" (staged, a light tile's rows in flight while the next tile's counts run; not a
-        # default until measured) |
-        # "warp_staged" (the same, rows staged through shared memory) | "warp_mma" (staged, then
+        # run of tiles: systematic sampler, G <= 8, every budget; rows staged through shared memory,
+        # a light tile's rows in flight while the next tile's counts run) | "warp_mma" (staged, then
         # added on tensor cores; fp16/bf16 at D 64/128); "auto": a warp kernel where it applies
-        # (not for the fixed budget on a small cache), staged where a tile is expected to select
-        # many rows, on tensor cores where it selects more
+        # (not for the fixed budget on a small cache), on tensor cores where a tile is expected to
+        # select many rows
         self.block_n = block_n or spec.default_block_n(method, head_dim)
         spec.check_block_n(self.block_n)
         rows = kernels.expected_rows_per_tile(heads // kv_heads, samples, self.block_n, max_length)
@@ -311,12 +309,10 @@ class DecodePlan:
         self.score_tpw = self.tile_tpw = 1
         # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
         # budget on the block kernel, which scores its tiles itself
-        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_staged", "warp_mma", "warp_pipe")
+        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_mma")
         two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp) and not self.one_pass
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
         # score pass (static shared memory only) and the warp pass 2 (its gather)
-        staged = self.tile_kernel in ("warp_staged", "warp_mma")
-        pipelined = self.tile_kernel == "warp_pipe"        # staged, a tile's rows in flight over the next
         self._score_warp_kernel = (self.kernels.score_mma, 0)
         # santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials):
         # finishing in the kernel (atomics, last block) measured faster for few KV groups (B=1: 11.5
@@ -326,7 +322,8 @@ class DecodePlan:
         self._warp_kernels = ({finish: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if finish else ""))
                                for finish in (False, True)} if self._warp else None)
         self._warp_kernel = self._warp_kernels[self.finish_in_kernel] if self._warp else None
-        self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim, staged, pipelined)
+        self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim,
+                                                       mma=self.tile_kernel == "warp_mma")
         # how santa_merge combines the fused run's partials
         if self.one_pass:                    # run partials relative to their max, like dense splits
             self._merge_kind = kernels.MERGE_DENSE

@@ -169,15 +169,13 @@ SCORE_KERNELS = ("auto", "stream", "mma")
 
 
 # pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
-# gathers 4 rows at a time in registers ("warp"), through shared memory ("warp_staged"), or staged
-# and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
-TILE_KERNELS = ("auto", "block", "warp", "warp_staged", "warp_mma", "warp_pipe")
-GATHER_REGS, GATHER_STAGED, GATHER_MMA, GATHER_PIPE = 0, 1, 2, 3   # SC_GATHER_* (santa_tile.cu): kGather
-TILE_WARP_GATHERS = {"tile_warp": GATHER_REGS, "tile_warp_staged": GATHER_STAGED, "tile_warp_mma": GATHER_MMA,
-                     "tile_warp_pipe": GATHER_PIPE}
+# gathers a tile's selected V rows through shared memory, a light tile's rows in flight over the
+# next tile's counts ("warp"), or staged and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
+TILE_KERNELS = ("auto", "block", "warp", "warp_mma")
+GATHER_PIPE, GATHER_MMA = 0, 1   # SC_GATHER_* (santa_tile.cu): kGather
+TILE_WARP_GATHERS = {"tile_warp": GATHER_PIPE, "tile_warp_mma": GATHER_MMA}
 WARP_TILE_MAX_G = 8
-STAGED_MIN_ROWS = 8          # "auto" stages the gather from this many expected selected rows per tile
-MMA_MIN_ROWS = 16            # ... and gathers on tensor cores from this many (where it can)
+MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many expected rows per tile
 # "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
 # H200 (docs/history/BENCHMARKS-journal.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
@@ -200,8 +198,7 @@ def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="globa
                         mma_ok=False) -> str:
     """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
     cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else by
-    the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS, "warp_staged" from
-    STAGED_MIN_ROWS, "warp" below. santa_tile_warp follows the tensor-core score pass (mma_ok: that
+    the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS, "warp" below. santa_tile_warp follows the tensor-core score pass (mma_ok: that
     pass runs). An explicit warp choice must apply."""
     ok = warp_tile_supported(sampler, group) and mma_ok
     if choice == "auto":
@@ -209,19 +206,19 @@ def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="globa
             return "block"
         if mma_ok and rows_per_tile >= MMA_MIN_ROWS:
             return "warp_mma"
-        return "warp_staged" if rows_per_tile >= STAGED_MIN_ROWS else "warp"
-    if choice in ("warp", "warp_staged", "warp_mma", "warp_pipe") and not ok:
+        return "warp"
+    if choice in ("warp", "warp_mma") and not ok:
         raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic', heads // kv_heads <= "
                          f"{WARP_TILE_MAX_G} and the tensor-core score pass (dtype in {MMA_DTYPES}, head_dim in "
                          f"{MMA_HEAD_DIMS}, score_kernel 'auto' or 'mma'), got sampler={sampler!r}, group={group}")
     return choice
 
 
-def tile_warp_smem_bytes(block_n, group, head_dim, staged=False, pipelined=False) -> int:
-    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32 (+ the staged
-    gathers' GATHER_STAGE_BYTES of 16-bit rows; + the pipelined gather's counts [G][stage rows] f32)."""
-    per_warp = 4 * (group * block_n + block_n + group * head_dim) + (GATHER_STAGE_BYTES if staged or pipelined else 0)
-    if pipelined:
+def tile_warp_smem_bytes(block_n, group, head_dim, mma=False) -> int:
+    """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32 | GATHER_STAGE_BYTES
+    of staged 16-bit V rows (+ "warp", the pipelined gather: the pending tile's counts [G][stage rows] f32)."""
+    per_warp = 4 * (group * block_n + block_n + group * head_dim) + GATHER_STAGE_BYTES
+    if not mma:
         per_warp += 4 * group * (GATHER_STAGE_BYTES // (2 * head_dim))
     return (THREADS // 32) * per_warp
 
@@ -257,13 +254,9 @@ class KernelSet:
     score_mma: object = None
     tile: object = None
     tile_warp: object = None
-    tile_warp_staged: object = None
     tile_warp_mma: object = None
     tile_warp_finish: object = None
-    tile_warp_staged_finish: object = None
     tile_warp_mma_finish: object = None
-    tile_warp_pipe: object = None
-    tile_warp_pipe_finish: object = None
     one_pass: object = None
     prefix: object = None
 

@@ -71,7 +71,7 @@ def test_method_lists():
     assert quick == ours + ["torch-flash", "torch-cudnn", "flashinfer"]        # every peer, --quick too
     assert bench.methods.parse_method("santa-global-iid-64-stream").backend == "stream"
     assert bench.methods.parse_method("santa-fixed-systematic-2048-block").backend == "block"
-    assert bench.methods.parse_method("santa-fixed-systematic-2048-staged").backend == "staged"
+    assert bench.methods.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     always = bench.methods.parse_method("santa-global-systematic-256-always")
     assert bench.methods.SANTA_SUFFIX_OPTIONS[always.backend] == {"santa_min_length": 0}
     assert bench.methods.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"

@@ -204,8 +204,8 @@ def test_santa_counts_and_output_match_reference(budget, sampler, G, D, dtype):
     ("global", "iid", "float32", "auto", None), ("fixed", "systematic", "float32", "auto", None),
     ("fixed", "iid", "float32", "auto", None),
     ("global", "systematic", "float16", "auto", 2),            # v4: tensor-core scores, warp pass 2, runs
-    ("global", "systematic", "float16", "warp", 2),            # (auto stages the gather here: 13.6 rows/tile)
-    ("fixed", "systematic", "float16", "warp_staged", 1), ("fixed", "systematic", "float16", "warp", 2),   # two-pass
+    ("global", "systematic", "float16", "warp", 1),
+    ("fixed", "systematic", "float16", "warp", 1), ("fixed", "systematic", "float16", "warp", 2),   # two-pass
     ("fixed", "systematic", "float16", "warp_mma", 2), ("global", "systematic", "float16", "warp_mma", 1),
     ("fixed", "systematic", "float32", "block", None),                                              # one fused pass
     ("fixed", "systematic", "bfloat16", "warp_mma", 1), ("global", "systematic", "bfloat16", "warp_mma", 2)])
@@ -256,7 +256,7 @@ def _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, tpw, seed, samples
     return lengths, L_max, args, res
 
 
-@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged", "warp_mma"])
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_mma"])
 @pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(1, 64, "bfloat16", 64, 1), (3, 64, "float16", 128, 2),
                                                    (4, 128, "bfloat16", 128, 3), (8, 128, "float16", 64, 1),
                                                    (5, 256, "float32", 64, 2)])
@@ -381,7 +381,7 @@ def test_standalone_sample_then_gather_equals_fused(budget):
     if budget != "fixed":               # the warp pass 2 (default): same counts, other summation order
         warp = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=500, dtype="bfloat16",
                           samples=64, budget=budget, seed=3, block_n=64)
-        assert warp.tile_kernel in ("warp", "warp_staged", "warp_mma")
+        assert warp.tile_kernel in ("warp", "warp_mma")
         got = as_float32(warp.run(qg, kg, vg, lg))
         assert rel_l2(got, as_float32(staged)) < 4e-3
         assert np.array_equal(warp.rows_read.get(), plan.rows_read.get())
@@ -391,10 +391,10 @@ def test_standalone_sample_then_gather_equals_fused(budget):
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (3, 128, "float16", 128),
                                                (4, 128, "bfloat16", 128), (8, 256, "float32", 64),
                                                (5, 64, "float16", 64)])
-@pytest.mark.parametrize("warp_kernel", ["warp", "warp_staged", "warp_mma"])
+@pytest.mark.parametrize("warp_kernel", ["warp", "warp_mma"])
 def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel):
-    """Pass 2 with one warp per run of tiles (rows gathered 4 at a time in registers, or staged
-    through shared memory kRows at a time; 96 samples select up to ~60 rows a tile here): the same
+    """Pass 2 with one warp per run of tiles (rows staged through shared memory, light tiles a
+    tile ahead, heavy ones kRows at a time; 96 samples select up to ~60 rows a tile here): the same
     counts as the block kernel (rows_read and the spread agree), the output up to float32
     summation order."""
     _skip_without_mma_gather(warp_kernel, dtype, D)
@@ -594,29 +594,3 @@ def test_ragged_batch_splits_follow_the_lengths(KVH):
         stream.synchronize()
         want, _ = reference.dense_attention(q, k, v, np.asarray(new, np.int32))
         assert rel_l2(as_float32(dense.out), want) < DENSE_TOL["bfloat16"], new
-
-
-@pytest.mark.parametrize("budget", ["global", "fixed", "largest_remainder"])
-@pytest.mark.parametrize("G,D,dtype,block_n", [(4, 128, "bfloat16", 128), (3, 64, "float16", 64), (8, 128, "float16", 64)])
-def test_pipelined_gather_equals_staged(budget, G, D, dtype, block_n):
-    """tile_kernel="warp_pipe" adds the same rows in the same order as "warp_staged": bit-identical
-    outputs, rows read and spread; light tiles are issued a tile ahead, heavy ones (more selected
-    rows than the stage holds: S large) gathered at once; both finishes (KVH 2 and 16)."""
-    rng = np.random.default_rng(G * D + block_n)
-    for KVH, S in ((2, 96), (16, 4096)):
-        lengths = [1, block_n - 1, 7 * block_n + 5, 3000]
-        L_max = max(lengths) + 3
-        q, k, v, lens = random_inputs(rng, 4, G * KVH, KVH, D, L_max, lengths, dtype, peak=2.0)
-        args = to_gpu(q, k, v, lens)
-        res = []
-        for tile in ("warp_staged", "warp_pipe"):
-            plan = _poisoned_plan(batch=4, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype,
-                                  samples=S, budget=budget, seed=5, block_n=block_n, tile_kernel=tile,
-                                  santa_min_length=0, tiles_per_warp=3)
-            res.append((plan.run(*args).get(), plan.rows_read.get(), plan.spread.get()))
-        assert np.array_equal(res[0][1], res[1][1]), "rows read differ"
-        if KVH == 16:                    # partials + santa_merge: a fixed summation order
-            assert np.array_equal(res[0][0], res[1][0]) and np.array_equal(res[0][2], res[1][2])
-        else:                            # the finish in the kernel adds blocks by float atomics
-            assert rel_l2(as_float32(res[1][0]), as_float32(res[0][0])) < 1e-4
-            assert np.allclose(res[1][2], res[0][2], rtol=1e-4, atol=1e-6)

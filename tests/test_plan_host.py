@@ -280,22 +280,19 @@ def test_tile_kernel_choice(launches):
     small = DecodePlan(heads=8, budget="fixed", **kw)                        # 61 MB
     assert (small.tile_kernel, small.two_pass) == ("block", False)
     assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).two_pass
-    # staged gather where a tile is expected to select >= 8 rows: G * S * BN / L_max = 4 * S * 128 / 30000
-    assert DecodePlan(heads=8, samples=468, **kw).tile_kernel == "warp"         # 7.99 rows
-    assert DecodePlan(heads=8, samples=469, **kw).tile_kernel == "warp_staged"  # 8.004 rows
-    assert DecodePlan(heads=8, samples=469, tile_kernel="warp", **kw).tile_kernel == "warp"
-    # ... and on tensor cores from 16 (fp16/bf16 at D 64/128): 4 * 938 * 128 / 30000 = 16.008 rows
-    assert DecodePlan(heads=8, samples=937, **kw).tile_kernel == "warp_staged"  # 15.99 rows
+    # on tensor cores where a tile is expected to select >= 16 rows (fp16/bf16 at D 64/128):
+    # G * S * BN / L_max = 4 * 938 * 128 / 30000 = 16.008 rows
+    assert DecodePlan(heads=8, samples=937, **kw).tile_kernel == "warp"         # 15.99 rows
     assert DecodePlan(heads=8, samples=938, **kw).tile_kernel == "warp_mma"
     assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_mma"
     # without the tensor-core score pass (float32, head_dim 256) no warp pass 2: it needs that pass's prefix
     assert DecodePlan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "block"
     assert DecodePlan(heads=8, score_kernel="stream", **kw).tile_kernel == "block"
-    assert DecodePlan(heads=8, samples=2048, tile_kernel="warp_staged", **kw).tile_kernel == "warp_staged"
+    assert DecodePlan(heads=8, samples=2048, tile_kernel="warp", **kw).tile_kernel == "warp"
     with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs .*tensor-core score pass"):
         DecodePlan(heads=8, dtype="float32", tile_kernel="warp_mma", **kw)
-    with pytest.raises(ValueError, match="tile_kernel='warp_staged' needs"):
-        DecodePlan(heads=8, sampler="iid", tile_kernel="warp_staged", **kw)
+    with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs"):
+        DecodePlan(heads=8, sampler="iid", tile_kernel="warp_mma", **kw)
     fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
     assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
     assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
@@ -303,7 +300,7 @@ def test_tile_kernel_choice(launches):
     assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
         DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
-    for gone in ("grid", "warp_smem"):                                       # warp_smem is now "warp"
+    for gone in ("grid", "warp_smem", "warp_staged", "warp_pipe"):            # the pipelined gather is "warp"
         with pytest.raises(ValueError, match="tile_kernel"):
             DecodePlan(heads=8, tile_kernel=gone, **kw)
 
@@ -338,8 +335,9 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]   # o from the warp pass 2
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
     assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
-    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
-    assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
+    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, mma=True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
+    # "warp" (the pipelined gather): + the pending tile's counts, [G][4096 / (2 * D)] f32 a warp
+    assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096 + 4 * 4 * 16)
     auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
     block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")

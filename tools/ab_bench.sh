@@ -4,7 +4,7 @@
 # tar -x -C .ab_<name>`, git-ignored; name them in the device call's `carry`), one after another in
 # the same call, so their numbers compare. Rows are printed prefixed by the tree's name.
 #   METHODS=... EXTRA_METHODS=... BATCHES=1,16 CONTEXTS=32k bash tools/ab_bench.sh
-# EXTRA_METHODS go to the trees whose bench knows them (e.g. santa-...-pipe on a branch that adds
+# EXTRA_METHODS go to the trees whose bench knows them (e.g. santa-...-warpmma on a branch that adds
 # it); a tree that rejects them runs METHODS alone.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"

@@ -11,7 +11,7 @@ if [ $# -eq 0 ]; then
   set -- "dense 1 32768" "dense 16 32768" \
          "santa-global-systematic-256 1 32768" "santa-global-systematic-256 16 32768" \
          "santa-fixed-systematic-2048 16 32768" \
-         "santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged"
+         "santa-fixed-systematic-2048 16 32768 --tile-kernel warp_mma"
 fi
 for case in "$@"; do
   tag=$(echo "$case" | tr ' ' '_' | tr -d '-')

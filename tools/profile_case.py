@@ -2,7 +2,7 @@
 
     ncu --clock-control none --section SpeedOfLight python3 tools/profile_case.py dense 1 32768
     python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
-    python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_staged
+    python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_mma
     python3 tools/profile_case.py santa-global-systematic-256 1 32768 --kernel stream
     ncu --profile-from-start off ... tools/profile_case.py torch-cudnn 16 32768   (torch SDPA on a contiguous
       [B, KVH, L, D] copy; only its runs are profiled)
@@ -24,7 +24,7 @@ ap.add_argument("method", help="dense, santa-<budget>-<sampler>-<S> or torch-<fl
 ap.add_argument("batch", type=int)
 ap.add_argument("context", type=int)
 ap.add_argument("--kernel", default="auto", help="dense and the santa score pass: auto|stream|mma")
-ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp|warp_staged|warp_mma")
+ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp|warp_mma")
 ap.add_argument("--tiles-per-warp", type=int, default=None, help="santa v4 kernels: tiles per warp (default: fitted)")
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--shape", default="llama8b", choices=("llama8b", "smollm2"))

@@ -20,7 +20,7 @@ q, k, v = (cupy.asarray(spec.from_float32(rng.standard_normal(s).astype(np.float
 kw = dict(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=64)
 DecodePlan(method="dense", **kw).run(q, k, v, lengths)
 for budget in ("global", "fixed"):
-    for tile in ("warp", "warp_staged", "warp_mma"):
+    for tile in ("warp", "warp_mma"):
         for finish in (True, False):
             plan = DecodePlan(budget=budget, tile_kernel=tile, santa_min_length=0, **kw)
             plan.finish_in_kernel = finish

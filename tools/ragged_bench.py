@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--shape", default="llama8b")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--always", action="store_true",
-                    help="santa at every length (santa_min_length=0) for every santa method, e.g. with -pipe")
+                    help="santa at every length (santa_min_length=0) for every santa method, e.g. with -warpmma")
     args = ap.parse_args()
     cp = bench.gpu._cupy()
     shape = bench.methods.parse_shape(args.shape)

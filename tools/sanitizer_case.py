@@ -28,10 +28,10 @@ for budget in spec.BUDGETS:
         plan.run(q, k, v, lengths)
         plan.run_from_counts(q, k, v, lengths, plan.sample_counts(q, k, lengths))
         for runs in (2, 3):                   # one warp per run of tiles (score pass, warp pass 2)
-            # auto (the staged gather here, or the block pass 2), the register, staged and
+            # auto (the pipelined gather here, or the block pass 2), the pipelined and the
             # tensor-core gathers, finishing in the kernel and through santa_merge
             sys_only = (lambda kind: kind if sampler == "systematic" else "auto")
-            for tile in ("auto", sys_only("warp"), sys_only("warp_staged"), sys_only("warp_mma")):
+            for tile in ("auto", sys_only("warp"), sys_only("warp_mma")):
                 for finish in (True, False):
                     p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
                                    sampler=sampler, budget=budget, block_n=64, tiles_per_warp=runs, tile_kernel=tile,

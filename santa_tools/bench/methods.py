@@ -32,13 +32,12 @@ TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); none = "auto"
 # santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
 # the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
-# (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = 4 rows
-# at a time in registers, "staged" = through shared memory (tile_kernel="warp_staged"), "warpmma"
-# = staged and on tensor cores (tile_kernel="warp_mma"), or "always" = santa at every length (no
+# (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = staged
+# through shared memory, light tiles pipelined (tile_kernel="warp"), "warpmma" = staged and on
+# tensor cores (tile_kernel="warp_mma"), or "always" = santa at every length (no
 # dense fallback below the plan's santa_min_length)
 SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
-                        "warp": {"tile_kernel": "warp"}, "staged": {"tile_kernel": "warp_staged"},
-                        "warpmma": {"tile_kernel": "warp_mma"}, "pipe": {"tile_kernel": "warp_pipe"},
+                        "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"},
                         "always": {"santa_min_length": 0}}
 # "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
 # (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
