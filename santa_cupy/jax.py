@@ -59,11 +59,17 @@ def _import_cupy():
 
 def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, layer=0, scale=None, block_n=None, santa_min_length="auto",
-                     return_lse=False, command_buffer=False):
+                     return_lse=False, command_buffer=False, block_table=None, page_layout="NHD"):
     """One decode step of attention on JAX GPU arrays; traceable (``jax.jit``), no copies, no host sync.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D]; lengths [B] int32 (other integer dtypes are
     cast), each sequence's valid rows (1..L_max, not checked under jit: 0 gives o = 0).
+    Paged caches: ``block_table`` [B, max_pages] int32 (a traced operand, like lengths) with page
+    pools k_cache, v_cache [num_pages, page_size, KVH, D] (``page_layout="NHD"``, FlashInfer's
+    and vLLM's) or [num_pages, KVH, page_size, D] ("HND"): row j of sequence b is slot
+    j % page_size of page block_table[b, j // page_size]; L_max = max_pages * page_size. Under
+    jit the table is not validated (an id out of range reads out of bounds): validate it with
+    ``santa_cupy.paged.validate_block_table`` where it is built.
     dtypes: jnp.float16, jnp.bfloat16 (bit-cast to uint16 for the kernels and back, free) or
     jnp.float32, the same for q, k and v.
     step: the RNG step as a JAX integer scalar (shape () or (1,); int32/uint32 or, with x64,
@@ -76,15 +82,23 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
 
     One DecodePlan per (device, shapes, dtype, settings) is built on the first execution (kernels
     compiled then) and reused; not differentiable; not batched under ``jax.vmap``.
-    ``command_buffer`` (experimental: not yet run on a GPU, off by default): let XLA record the callback's launches
-    into its command buffer (``buffer_callback(..., command_buffer_compatible=True)``), so the
-    Python body runs when XLA records, not at every execution.
+    ``command_buffer`` (off by default): let XLA record the callback's launches into its command
+    buffer (``buffer_callback(..., command_buffer_compatible=True)``), so the Python body runs when
+    XLA records, not at every execution (measured on the H200: the same outputs, fresh samples per
+    step, no faster at B=16 32k).
     """
     jax, buffer_callback = _import_jax()
     _import_cupy()
     jnp = jax.numpy
     dtype_name = _dtype_name(jnp, q, k_cache, v_cache)
-    B, H, KVH, D, L_max = _check_shapes(q, k_cache, v_cache, lengths)
+    page_size = None
+    if block_table is None:
+        B, H, KVH, D, L_max = _check_shapes(q, k_cache, v_cache, lengths)
+    else:
+        B, H, KVH, D, L_max, page_size = _check_paged_shapes(q, k_cache, v_cache, lengths, block_table,
+                                                             page_layout)
+        if block_table.dtype != jnp.int32:
+            block_table = block_table.astype(jnp.int32)
     spec.check_choice("method", method, spec.METHODS)
     spec.check_choice("sampler", sampler, spec.SAMPLERS)
     spec.check_choice("budget", budget, spec.BUDGETS)
@@ -105,19 +119,16 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
     if dtype_name == "bfloat16":
         q, k_cache, v_cache = (jax.lax.bitcast_convert_type(x, jnp.uint16) for x in (q, k_cache, v_cache))
     key = (B, H, KVH, D, L_max, dtype_name, method, int(samples), sampler, budget, int(seed), scale,
-           int(block_n), santa_min_length, np.dtype(step.dtype).itemsize)
+           int(block_n), santa_min_length, np.dtype(step.dtype).itemsize, page_size, page_layout)
     results = [jax.ShapeDtypeStruct((B, H, D), _STORAGE[dtype_name])]
     if return_lse:
         results.append(jax.ShapeDtypeStruct((B, H), np.float32))
 
-    def callback(ctx, outs, q_buf, k_buf, v_buf, lengths_buf, step_buf):
-        _run_plan(ctx, outs, (q_buf, k_buf, v_buf, lengths_buf, step_buf), key, int(layer))
+    def callback(ctx, outs, *bufs):          # q, k, v, lengths, step (, block_table)
+        _run_plan(ctx, outs, bufs, key, int(layer))
 
-    if command_buffer:
-        outs = buffer_callback(callback, results, command_buffer_compatible=True)(q, k_cache, v_cache, lengths,
-                                                                                 step)
-    else:
-        outs = buffer_callback(callback, results)(q, k_cache, v_cache, lengths, step)
+    operands = (q, k_cache, v_cache, lengths, step) + (() if block_table is None else (block_table,))
+    outs = buffer_callback(callback, results, command_buffer_compatible=bool(command_buffer))(*operands)
     o = outs[0]
     if dtype_name == "bfloat16":
         o = jax.lax.bitcast_convert_type(o, jnp.bfloat16)
@@ -160,6 +171,35 @@ def _check_shapes(q, k_cache, v_cache, lengths):
         raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "
                          f"got heads={H}, kv_heads={KVH}")
     return int(B), int(H), int(KVH), int(D), int(L_max)
+
+
+def _check_paged_shapes(q, k_cache, v_cache, lengths, block_table, page_layout):
+    """(B, H, KVH, D, L_max, page_size) of a paged call; ValueError naming the bad operand."""
+    from santa_cupy import paged
+
+    spec.check_choice("page_layout", page_layout, paged.LAYOUTS)
+    if len(q.shape) != 3:
+        raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
+    B, H, D = q.shape
+    _, page_size, KVH, D_k = paged.page_shape(k_cache, page_layout)
+    if D_k != D:
+        raise ValueError(f"k_cache pages must have head_dim {D} (q's), got shape {tuple(k_cache.shape)}")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if not hasattr(block_table, "shape") or len(block_table.shape) != 2 or block_table.shape[0] != B or \
+            block_table.shape[1] < 1 or not np.issubdtype(np.dtype(block_table.dtype), np.integer):
+        raise ValueError(f"block_table must be an integer array [B, max_pages] = [{B}, max_pages], got "
+                         f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
+                         f"{tuple(getattr(block_table, 'shape', ()))}")
+    L_max = int(block_table.shape[1]) * page_size
+    # the contiguous checks on the shape the table addresses
+    _check_shapes(q, _Shape((B, L_max, KVH, D)), _Shape((B, L_max, KVH, D)), lengths)
+    return int(B), int(H), int(KVH), int(D), L_max, int(page_size)
+
+
+class _Shape:
+    def __init__(self, shape):
+        self.shape = shape
 
 
 def _check_static_int(name, value, lo, hi):
@@ -205,7 +245,7 @@ def _plan_for(cupy, key, device):
     from santa_cupy.attention import DecodePlan
 
     (B, H, KVH, D, L_max, dtype_name, method, samples, sampler, budget, seed, scale, block_n,
-     santa_min_length, _) = key
+     santa_min_length, _, page_size, page_layout) = key
     with _PLANS_LOCK:
         plan = _PLANS.get((device,) + key)
         if plan is None:
@@ -213,7 +253,8 @@ def _plan_for(cupy, key, device):
             # before the first run
             plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype_name,
                               method=method, samples=samples, sampler=sampler, budget=budget, seed=seed,
-                              scale=scale, block_n=block_n, step=0, santa_min_length=santa_min_length)
+                              scale=scale, block_n=block_n, step=0, santa_min_length=santa_min_length,
+                              page_size=page_size, page_layout=page_layout)
             _PLANS[(device,) + key] = plan
     return plan
 
@@ -242,7 +283,8 @@ def _run_plan(ctx, outs, bufs, key, layer):
         cupy.cuda.runtime.memcpyAsync(plan.step.data.ptr, step_buf.__cuda_array_interface__["data"][0],
                                       step_bytes, _MEMCPY_D2D, stream_ptr)
         o = _view(cupy, outs[0], device)
-        plan.run(q, k, v, lengths, layer=layer, out=o, validate=False)
+        table = _view(cupy, bufs[5], device) if len(bufs) > 5 else None
+        plan.run(q, k, v, lengths, layer=layer, out=o, validate=False, block_table=table)
         if len(outs) > 1:
             lse_ptr = outs[1].__cuda_array_interface__["data"][0]
             cupy.cuda.runtime.memcpyAsync(lse_ptr, plan.lse.data.ptr, plan.lse.nbytes, _MEMCPY_D2D, stream_ptr)
