@@ -574,8 +574,8 @@ class DecodePlan:
                     q, k_cache, v_cache, lengths, self.out, pages)
                 if self.santa_from > self.L_max:
                     return stages
-            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages,
-                                                                      santa_from=self.santa_from)
+            stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from)
+            stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
             if self.finish_in_kernel:
                 stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
                                                                                     pages)
@@ -651,6 +651,10 @@ class DecodePlan:
         zeroed; the Hamilton allocation for the largest remainder budget). santa_from: the warp
         pipeline's dense fallback (shorter sequences skipped); rows_read: a scratch buffer for the
         standalone stages, so as not to clear the last run's."""
+        self._score(q, k_cache, lengths, pages, santa_from)
+        self._prefix(lengths, rows_read, santa_from)
+
+    def _score(self, q, k_cache, lengths, pages, santa_from=0):
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
@@ -660,6 +664,9 @@ class DecodePlan:
             kernels.launch(kernel, (self.KVH, self._run_blocks(self.score_tpw)),
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
                             *pages), smem)
+
+    def _prefix(self, lengths, rows_read=None, santa_from=0):
+        i32, i64 = kernels.i32, kernels.i64
         kernels.launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
