@@ -338,8 +338,7 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]   # o from the warp pass 2
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
     assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
-    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
-    assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * 4 * (4 * 128 + 128 + 4 * 128)
+    assert smem == [34816]                    # the staged layout (test_shared_memory_bytes_by_the_kernels_layout)
     auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
     block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
@@ -347,6 +346,51 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="tiles_per_warp"):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
+
+
+# Dynamic shared memory of every kernel that takes some, for one shape each (bf16, head_dim 128,
+# G = 4, 128 threads = 4 warps), as bytes summed by hand from the pointer arithmetic of the kernel's
+# own code (not from kernels.py's *_smem_bytes, which the plan calls): a layout change in a .cu file
+# that the plan does not follow, or the other way round, fails here. (tests/test_gpu_shared_memory.py
+# runs the kernels with these sizes under compute-sanitizer, where the device allows it.)
+SMEM_BY_LAYOUT = [
+    # decode_dense.cu DenseState::write_partials: acc_s [kRG][G][D] f32, m_s, l_s [kRG][G] f32;
+    # kRG = 128 threads / (D / 8 lanes a row) = 8: 4 * (8*4*128 + 2*8*4)
+    (dict(method="dense", dense_kernel="stream"), "decode_dense_partial", 16640),
+    # decode_dense_mma: acc_s [kWarps][G][D] | m_s [kWarps][G] | l_s [kWarps][G] f32: 4 * (4*4*128 + 2*4*4)
+    (dict(method="dense", dense_kernel="mma"), "decode_dense_mma", 8320),
+    # santa_tile.cu santa_tile (block_n 64): cum [G][BN] f32 | cnt [G][BN] i32 | acc [kRG][G][D] f32 |
+    # m2p [kRG][G] | rows [BN] | warp_tot [4] | m, l [G] = 4 * (256 + 256 + 4096 + 32 + 64 + 4 + 8) =
+    # 18864 (16-byte aligned already), then draws [G] HeadDraw (48 bytes: u64, 2 double, 3 float, 3 int)
+    (dict(method="santa", budget="fixed", block_n=64, tile_kernel="block", score_kernel="stream"),
+     "santa_tile", 18864 + 4 * 48),
+    # santa_tile_warp, registers gather (block_n 128): cnt [G][BN] + rows [BN] i32 a warp, then sums
+    # [G][D] f32 a warp: 4 warps * 4 * (4*128 + 128) + 4 warps * 4 * (4*128)
+    (dict(method="santa", block_n=128, tile_kernel="warp"), "santa_tile_warp", 10240 + 8192),
+    # ... staged / mma gather: + a warp's SC_GATHER_STAGE_BYTES (4096 / (128 dims * 2 bytes) = 16
+    # rows of V): 4 warps * 16 * 128 * 2
+    (dict(method="santa", block_n=128, tile_kernel="warp_staged"), "santa_tile_warp", 18432 + 16384),
+    (dict(method="santa", block_n=128, tile_kernel="warp_mma"), "santa_tile_warp", 18432 + 16384),
+    # santa_one_pass.cu (block_n 64): kWarpFloats = G*BN + BN + G*D + G*kStage = 256 + 64 + 512 + 64
+    # floats a warp (sc, rows, sums, coef_st), then a warp's kStage = 16 rows of V (4096 bytes)
+    (dict(method="santa", budget="one_pass", block_n=64), "santa_one_pass", 4 * 4 * 896 + 4 * 4096),
+]
+
+
+@pytest.mark.parametrize("options,kernel,want", SMEM_BY_LAYOUT,
+                         ids=[f"{k}-{o.get('tile_kernel', o.get('dense_kernel', o.get('budget')))}"
+                              for o, k, _ in SMEM_BY_LAYOUT])
+def test_shared_memory_bytes_by_the_kernels_layout(launches, options, kernel, want):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0, **options)
+    plan.run(q, k, v, lengths)
+    got = {smem for name, _, _, _, smem in launches if name == kernel}
+    assert got == {want}, f"{kernel}: {got} bytes launched, its layout needs {want}"
+    for name, _, _, _, smem in launches:                 # every other launch: static shared memory only
+        if name != kernel:
+            assert smem == 0, (name, smem)
 
 
 def test_fixed_warp_launch(launches):
