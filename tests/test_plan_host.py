@@ -393,6 +393,47 @@ def test_shared_memory_bytes_by_the_kernels_layout(launches, options, kernel, wa
             assert smem == 0, (name, smem)
 
 
+def _cuda_defines():
+    """{macro: int} of every `#define SC_NAME <integer>` in the kernel sources."""
+    return {m.group(1): int(m.group(2)) for m in
+            re.finditer(r"^\s*#\s*define\s+(SC_\w+)\s+(-?\d+)\b", kernels.build_source(), re.M)}
+
+
+def _struct_size(source, name):
+    """sizeof(struct name) by the C layout rules (each member aligned to its size, the struct to
+    its largest member), from the member declarations in the source."""
+    body = re.search(r"struct\s+" + name + r"\s*\{(.*?)\};", source, re.S).group(1)
+    sizes = {"u64": 8, "i64": 8, "double": 8, "float": 4, "int": 4, "u32": 4, "unsigned": 4}
+    offset, align = 0, 1
+    for decl in re.findall(r"^\s*(\w+)\s+(\w+)\s*;", re.sub(r"//.*", "", body), re.M):
+        size = sizes[decl[0]]
+        offset = -(-offset // size) * size + size
+        align = max(align, size)
+    return -(-offset // align) * align
+
+
+def test_layout_constants_are_the_kernels():
+    """The constants kernels.py sizes shared memory and grids with are the kernels' own #defines
+    and struct (not a second copy that can drift): block size, chunk, the staged gather's bytes,
+    HeadDraw, the accumulator copies, the gather, merge, budget and sampler codes."""
+    d = _cuda_defines()
+    assert (kernels.THREADS, kernels.CHUNK) == (d["SC_NTHREADS"], d["SC_CHUNK"]) == (128, 8)
+    assert kernels.GATHER_STAGE_BYTES == d["SC_GATHER_STAGE_BYTES"]
+    assert kernels.ACC_COPIES == d["SC_ACC_COPIES"]
+    assert kernels.MERGE_THREADS == d["SC_MERGE_THREADS"]
+    assert kernels.HEAD_DRAW_BYTES == _struct_size(kernels.build_source(), "HeadDraw") == 48
+    assert (kernels.GATHER_REGS, kernels.GATHER_STAGED, kernels.GATHER_MMA) == \
+        (d["SC_GATHER_REGS"], d["SC_GATHER_STAGED"], d["SC_GATHER_MMA"])
+    assert (kernels.MERGE_DENSE, kernels.MERGE_FIXED, kernels.MERGE_SUM, kernels.MERGE_WEIGHTED) == \
+        (d["SC_MERGE_DENSE"], d["SC_MERGE_FIXED"], d["SC_MERGE_SUM"], d["SC_MERGE_WEIGHTED"])
+    assert kernels.BUDGET_CODE == {"fixed": d["SC_BUDGET_FIXED"], "global": d["SC_BUDGET_GLOBAL"],
+                                   "largest_remainder": d["SC_BUDGET_LR"]}
+    assert kernels.SAMPLER_CODE == {"iid": d["SC_SAMPLER_IID"], "stratified": d["SC_SAMPLER_STRATIFIED"],
+                                    "systematic": d["SC_SAMPLER_SYSTEMATIC"]}
+    assert kernels.MODE_CODE == {"fused": d["SC_MODE_FUSED"], "sample": d["SC_MODE_SAMPLE"],
+                                 "gather": d["SC_MODE_GATHER"]}
+
+
 def test_fixed_warp_launch(launches):
     """The fixed budget on the warp pass 2: the score pass and its prefix first (the prefix gives the
     tile weights), runs of tiles like the other budgets, the pre-weighted sums finished by the last
