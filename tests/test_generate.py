@@ -85,12 +85,15 @@ def test_sampler_distribution_respects_top_k_top_p():
 
 
 def test_generate_with_santa_attention(model):
-    """SANTA with 2^15 samples on a short context is dense to many digits: the same greedy tokens;
-    the same tokens again for the same seed."""
+    """SANTA with 2^15 samples on a context of <= 16 tokens is dense to a few parts in 10^4: the
+    same 10 greedy tokens; the same again for the same seed. With one sample a head the estimate is
+    coarse and the tokens differ, so the comparison can fail (the first prompt, [1, 5, 9, 3], gives
+    the same tokens whatever the attention: this model repeats one token after it)."""
+    prompt = [5, 3, 8, 30, 25, 34]
+    dense = generate(model, prompt, max_new_tokens=10, attention=AttentionConfig(method="dense"))
     att = AttentionConfig(method="santa", samples=1 << 15)
-    r = generate(model, PROMPT, max_new_tokens=4, attention=att)
-    assert len(r.generated_tokens) == 4
-    dense = generate(model, PROMPT, max_new_tokens=4, attention=AttentionConfig(method="dense"))
-    assert r.generated_tokens == dense.generated_tokens
-    r2 = generate(model, PROMPT, max_new_tokens=4, attention=att)
-    assert r.generated_tokens == r2.generated_tokens
+    r = generate(model, prompt, max_new_tokens=10, attention=att)
+    assert r.generated_tokens == dense.generated_tokens and len(r.generated_tokens) == 10
+    assert generate(model, prompt, max_new_tokens=10, attention=att).generated_tokens == r.generated_tokens
+    coarse = generate(model, prompt, max_new_tokens=10, attention=AttentionConfig(method="santa", samples=1))
+    assert coarse.generated_tokens != dense.generated_tokens

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from santa_cupy import DecodePlan, spec
-from tests.gpu_util import as_float32, random_inputs, rel_l2, requires_gpu, to_gpu
+from tests.gpu_util import (as_float32, assert_dense_matches, dense_error_bound, random_inputs, rel_l2, requires_gpu,
+                            to_gpu)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -122,7 +123,7 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     rng = np.random.default_rng(12)
     L_max = 3000
     lens_list = [3000, 999, 1000, 1, 2500, 0]
-    q, k, v, lens = random_inputs(rng, 6, 8, 2, 128, L_max, lens_list, "bfloat16")
+    q, k, v, lens = random_inputs(rng, 6, 8, 2, 128, L_max, lens_list, "bfloat16", spike=True)
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     kw = dict(batch=6, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=64, seed=9)
     mixed = DecodePlan(santa_min_length=1000, **kw)
@@ -138,6 +139,7 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     # each dense split is balanced over its own sequences (the fallback's: the short ones only), so
     # the float32 sums run in another order: a few bf16 roundings of o flip
     assert rel_l2(o[short], od[short]) < 5e-4
+    assert_dense_matches(o[short], dense_error_bound(q[short], k[short], v[short], lens[short], "bfloat16"))
     assert np.array_equal(rows[short], np.repeat(lens[short][:, None], 2, axis=1))
     assert np.allclose(lse[short[:2]], dense.lse.get()[short[:2]], rtol=1e-6, atol=1e-6)
     assert np.all(np.isneginf(lse[5])) and not o[5].any()

@@ -434,21 +434,37 @@ def _two_prefilled_caches(model, cfg, *, batch, prompt_len, n_steps, max_len, se
 @pytest.mark.parametrize("method,dtype", [("dense", "float32"), ("santa", "float32"), ("santa", "float16"),
                                           ("dense", "bfloat16")])
 def test_graph_decoder_matches_eager(tmp_path, method, dtype):
+    """The graph replays give the eager steps' logits. SANTA at every length (santa_min_length 0;
+    "auto" would decode these short contexts with the dense kernel) with 64 samples: each step's
+    estimate depends on its RNG step, so matching eager at every step means the graph's device
+    step counter advanced with the cache's; a decoder whose counter stayed put (eager with the step
+    held) would differ, and the counter ends at the cache's step."""
     cp = _cupy()
     from llama_min.model import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
-    att = AttentionConfig(method=method, samples=64, seed=3)
+    att = AttentionConfig(method=method, samples=64, seed=3, santa_min_length=0)
     steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=2, prompt_len=9, n_steps=6, max_len=20, seed=0)
     eager = [cp.asnumpy(model.decode(t, c1, att)) for t in steps]
     gd = GraphDecoder(model, c2, att)
     graph = [cp.asnumpy(gd.replay(t)) for t in steps]
     np.testing.assert_allclose(np.array(graph), np.array(eager), rtol=1e-4, atol=1e-4)
-    assert c2.length == c1.length and c2.step == c1.step
+    assert c2.length == c1.length and c2.step == c1.step == 6
     np.testing.assert_array_equal(cp.asnumpy(c2.lengths), cp.asnumpy(c1.lengths))
     np.testing.assert_array_equal(cp.asnumpy(c2.k[1]), cp.asnumpy(c1.k[1]))
-    if method == "santa":       # the device step counter advanced: steps differ from each other
-        assert not np.allclose(graph[0], graph[1])
+    if method == "santa":
+        assert int(gd.plan.step.get()[0]) == c2.step                # the device counter: one per replay
+        _, stuck_cache, _ = _two_prefilled_caches(model, cfg, batch=2, prompt_len=9, n_steps=6, max_len=20, seed=0)
+        stuck = []
+        for t in steps:                                             # the same steps, the RNG step held at 0
+            stuck_cache.step = 0
+            stuck.append(cp.asnumpy(model.decode(t, stuck_cache, att)))
+        np.testing.assert_allclose(stuck[0], graph[0], rtol=1e-4, atol=1e-4)
+        for t in range(1, len(steps)):
+            assert not np.allclose(stuck[t], graph[t], rtol=1e-4, atol=1e-4), f"step {t}: the same as at RNG step 0"
+        _, dense_cache, _ = _two_prefilled_caches(model, cfg, batch=2, prompt_len=9, n_steps=6, max_len=20, seed=0)
+        dense = [cp.asnumpy(model.decode(t, dense_cache)) for t in steps]
+        assert not np.allclose(dense[0], graph[0], rtol=1e-4, atol=1e-4), "santa did not run"
 
 
 @gpu

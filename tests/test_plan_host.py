@@ -335,9 +335,7 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]   # o from the warp pass 2
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
     assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
-    assert smem == [kernels.tile_warp_smem_bytes(128, 4, 128, mma=True)] == [4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096)]
-    # "warp" (the pipelined gather): + the pending tile's counts, [G][4096 / (2 * D)] f32 a warp
-    assert kernels.tile_warp_smem_bytes(128, 4, 128) == 4 * (4 * (4 * 128 + 128 + 4 * 128) + 4096 + 4 * 4 * 16)
+    assert smem == [34816]                    # the staged layout (test_shared_memory_bytes_by_the_kernels_layout)
     auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
     block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
@@ -345,6 +343,91 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="tiles_per_warp"):
             DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
+
+
+# Dynamic shared memory of every kernel that takes some, for one shape each (bf16, head_dim 128,
+# G = 4, 128 threads = 4 warps), as bytes summed by hand from the pointer arithmetic of the kernel's
+# own code (not from kernels.py's *_smem_bytes, which the plan calls): a layout change in a .cu file
+# that the plan does not follow, or the other way round, fails here. (tests/test_gpu_shared_memory.py
+# runs the kernels with these sizes under compute-sanitizer, where the device allows it.)
+SMEM_BY_LAYOUT = [
+    # decode_dense.cu DenseState::write_partials: acc_s [kRG][G][D] f32, m_s, l_s [kRG][G] f32;
+    # kRG = 128 threads / (D / 8 lanes a row) = 8: 4 * (8*4*128 + 2*8*4)
+    (dict(method="dense", dense_kernel="stream"), "decode_dense_partial", 16640),
+    # decode_dense_mma: acc_s [kWarps][G][D] | m_s [kWarps][G] | l_s [kWarps][G] f32: 4 * (4*4*128 + 2*4*4)
+    (dict(method="dense", dense_kernel="mma"), "decode_dense_mma", 8320),
+    # santa_tile.cu santa_tile (block_n 64): cum [G][BN] f32 | cnt [G][BN] i32 | acc [kRG][G][D] f32 |
+    # m2p [kRG][G] | rows [BN] | warp_tot [4] | m, l [G] = 4 * (256 + 256 + 4096 + 32 + 64 + 4 + 8) =
+    # 18864 (16-byte aligned already), then draws [G] HeadDraw (48 bytes: u64, 2 double, 3 float, 3 int)
+    (dict(method="santa", budget="fixed", block_n=64, tile_kernel="block", score_kernel="stream"),
+     "santa_tile", 18864 + 4 * 48),
+    # santa_tile_warp (block_n 128): cnt [G][BN] + rows [BN] i32 a warp, then sums [G][D] f32 a
+    # warp, then a warp's SC_GATHER_STAGE_BYTES (4096 / (128 dims * 2 bytes) = 16 rows of V):
+    # 4 warps * 4 * (4*128 + 128) + 4 warps * 4 * (4*128) + 4 warps * 16 * 128 * 2 ("warp_mma");
+    (dict(method="santa", block_n=128, tile_kernel="warp_mma"), "santa_tile_warp", 18432 + 16384),
+    # ... "warp" (the pipelined gather): + the pending tile's counts coef [G][16 rows] f32 a warp
+    (dict(method="santa", block_n=128, tile_kernel="warp"), "santa_tile_warp", 18432 + 16384 + 4 * 4 * 16 * 4),
+    # santa_one_pass.cu (block_n 64): kWarpFloats = G*BN + BN + G*D + G*kStage = 256 + 64 + 512 + 64
+    # floats a warp (sc, rows, sums, coef_st), then a warp's kStage = 16 rows of V (4096 bytes)
+    (dict(method="santa", budget="one_pass", block_n=64), "santa_one_pass", 4 * 4 * 896 + 4 * 4096),
+]
+
+
+@pytest.mark.parametrize("options,kernel,want", SMEM_BY_LAYOUT,
+                         ids=[f"{k}-{o.get('tile_kernel', o.get('dense_kernel', o.get('budget')))}"
+                              for o, k, _ in SMEM_BY_LAYOUT])
+def test_shared_memory_bytes_by_the_kernels_layout(launches, options, kernel, want):
+    from santa_cupy import DecodePlan
+
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0, **options)
+    plan.run(q, k, v, lengths)
+    got = {smem for name, _, _, _, smem in launches if name == kernel}
+    assert got == {want}, f"{kernel}: {got} bytes launched, its layout needs {want}"
+    for name, _, _, _, smem in launches:                 # every other launch: static shared memory only
+        if name != kernel:
+            assert smem == 0, (name, smem)
+
+
+def _cuda_defines():
+    """{macro: int} of every `#define SC_NAME <integer>` in the kernel sources."""
+    return {m.group(1): int(m.group(2)) for m in
+            re.finditer(r"^\s*#\s*define\s+(SC_\w+)\s+(-?\d+)\b", kernels.build_source(), re.M)}
+
+
+def _struct_size(source, name):
+    """sizeof(struct name) by the C layout rules (each member aligned to its size, the struct to
+    its largest member), from the member declarations in the source."""
+    body = re.search(r"struct\s+" + name + r"\s*\{(.*?)\};", source, re.S).group(1)
+    sizes = {"u64": 8, "i64": 8, "double": 8, "float": 4, "int": 4, "u32": 4, "unsigned": 4}
+    offset, align = 0, 1
+    for decl in re.findall(r"^\s*(\w+)\s+(\w+)\s*;", re.sub(r"//.*", "", body), re.M):
+        size = sizes[decl[0]]
+        offset = -(-offset // size) * size + size
+        align = max(align, size)
+    return -(-offset // align) * align
+
+
+def test_layout_constants_are_the_kernels():
+    """The constants kernels.py sizes shared memory and grids with are the kernels' own #defines
+    and struct (not a second copy that can drift): block size, chunk, the staged gather's bytes,
+    HeadDraw, the accumulator copies, the gather, merge, budget and sampler codes."""
+    d = _cuda_defines()
+    assert (kernels.THREADS, kernels.CHUNK) == (d["SC_NTHREADS"], d["SC_CHUNK"]) == (128, 8)
+    assert kernels.GATHER_STAGE_BYTES == d["SC_GATHER_STAGE_BYTES"]
+    assert kernels.ACC_COPIES == d["SC_ACC_COPIES"]
+    assert kernels.MERGE_THREADS == d["SC_MERGE_THREADS"]
+    assert kernels.HEAD_DRAW_BYTES == _struct_size(kernels.build_source(), "HeadDraw") == 48
+    assert (kernels.GATHER_REGS, kernels.GATHER_STAGED, kernels.GATHER_MMA) == \
+        (d["SC_GATHER_REGS"], d["SC_GATHER_STAGED"], d["SC_GATHER_MMA"])
+    assert (kernels.MERGE_DENSE, kernels.MERGE_FIXED, kernels.MERGE_SUM, kernels.MERGE_WEIGHTED) == \
+        (d["SC_MERGE_DENSE"], d["SC_MERGE_FIXED"], d["SC_MERGE_SUM"], d["SC_MERGE_WEIGHTED"])
+    assert kernels.BUDGET_CODE == {"fixed": d["SC_BUDGET_FIXED"], "global": d["SC_BUDGET_GLOBAL"],
+                                   "largest_remainder": d["SC_BUDGET_LR"]}
+    assert kernels.SAMPLER_CODE == {"iid": d["SC_SAMPLER_IID"], "stratified": d["SC_SAMPLER_STRATIFIED"],
+                                    "systematic": d["SC_SAMPLER_SYSTEMATIC"]}
+    assert kernels.MODE_CODE == {"fused": d["SC_MODE_FUSED"], "sample": d["SC_MODE_SAMPLE"],
+                                 "gather": d["SC_MODE_GATHER"]}
 
 
 def test_fixed_warp_launch(launches):
