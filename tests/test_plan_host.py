@@ -418,8 +418,7 @@ def test_layout_constants_are_the_kernels():
     assert kernels.ACC_COPIES == d["SC_ACC_COPIES"]
     assert kernels.MERGE_THREADS == d["SC_MERGE_THREADS"]
     assert kernels.HEAD_DRAW_BYTES == _struct_size(kernels.build_source(), "HeadDraw") == 48
-    assert (kernels.GATHER_REGS, kernels.GATHER_STAGED, kernels.GATHER_MMA) == \
-        (d["SC_GATHER_REGS"], d["SC_GATHER_STAGED"], d["SC_GATHER_MMA"])
+    assert (kernels.GATHER_PIPE, kernels.GATHER_MMA) == (d["SC_GATHER_PIPE"], d["SC_GATHER_MMA"])
     assert (kernels.MERGE_DENSE, kernels.MERGE_FIXED, kernels.MERGE_SUM, kernels.MERGE_WEIGHTED) == \
         (d["SC_MERGE_DENSE"], d["SC_MERGE_FIXED"], d["SC_MERGE_SUM"], d["SC_MERGE_WEIGHTED"])
     assert kernels.BUDGET_CODE == {"fixed": d["SC_BUDGET_FIXED"], "global": d["SC_BUDGET_GLOBAL"],
