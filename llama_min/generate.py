@@ -141,7 +141,7 @@ def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: Sa
         if len(out) >= n_new:
             break
         if use_graph and graph is None:
-            from llama_min.model import GraphDecoder
+            from llama_min.graph import GraphDecoder
             graph = GraphDecoder(model, cache, attention)
         if graph is not None:
             logits = graph.replay([tok])

@@ -4,7 +4,8 @@ santa_cupy.reference (marker gpu)."""
 import numpy as np
 import pytest
 
-from santa_cupy import decoder_ops, kernels, reference, spec
+from llama_min import ops as decoder_ops
+from santa_cupy import kernels, reference, spec
 from tests.gpu_util import rel_l2, requires_gpu, rope_operands
 
 pytestmark = [pytest.mark.gpu, requires_gpu]

@@ -71,7 +71,7 @@ for page_size, layout in ((16, "NHD"), (24, "HND"), (1, "NHD")):
 DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
            santa_min_length=100).run(q, k, v, lengths)
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
-from santa_cupy import decoder_ops  # noqa: E402
+from llama_min import ops as decoder_ops  # noqa: E402
 x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))
 w16 = cupy.asarray(rng.standard_normal((37, 264)).astype(np.float16))
 y = decoder_ops.gemv(x16, w16)
