@@ -113,8 +113,9 @@ def order_key(z: np.ndarray) -> np.ndarray:
 def weights(z: np.ndarray, zmax: np.float32) -> np.ndarray:
     """Step 4's integer weights [V] uint64 of z [V] float32."""
     z = np.asarray(z, np.float32) + np.float32(0.0)
-    x = z - np.float32(zmax)
-    valid = x >= np.float32(MIN_EXPONENT)
+    with np.errstate(invalid="ignore"):                  # -inf - -inf: not valid, weight 0
+        x = z - np.float32(zmax)
+        valid = x >= np.float32(MIN_EXPONENT)
     x = np.where(valid, x, np.float32(0.0))
     n = np.rint(x * EXP32_LOG2E)
     r = x - n * EXP32_LN2_HI
