@@ -73,8 +73,10 @@ class GraphDecoder:
                 # Warm-up (compiles kernels, fills the private pool); writes K/V at the current
                 # position, which the first replay overwrites; nothing advances, nothing is marked.
                 logits = model._decode_core(self.tokens, cache, attn, self.backend)
-                if sampler is not None:
-                    sampler(logits, update=False)
+                if sampler is not None:                  # the sampler's launches, on scratch: its kernel,
+                    sampler(logits, update=False)        # the token copy and the step's add compiled
+                    self.tokens.copy()[...] = sampler.out            # before the capture
+                    cupy.add(sampler.step, 1, out=sampler.step.copy())
                 self.stream.synchronize()
                 self.stream.begin_capture()
                 try:

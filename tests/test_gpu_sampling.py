@@ -119,6 +119,7 @@ def test_kernel_in_graph_advances_its_step():
     cfg = SamplingConfig(greedy=False, temperature=2.0, top_p=0.99, seed=5)
     s = TokenSampler(cupy, cfg, 2, V)
     s(logits, update=False)                               # compile outside the capture
+    cupy.add(s.step, 1, out=s.step.copy())
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
