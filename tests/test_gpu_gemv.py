@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from llama_min import ops as decoder_ops
-from santa_cupy import reference, spec
+from llama_min import reference
+from santa_cupy import spec
 from tests.gpu_util import rel_l2, requires_gpu, rope_operands
 
 pytestmark = [pytest.mark.gpu, requires_gpu]

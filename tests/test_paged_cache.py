@@ -292,10 +292,10 @@ def _cupy():
 
 
 def _rope_append_paged_np(qkv, cos, sin, pos, k_pool, v_pool, table, heads, kv_heads, kv_dtype):
-    """The paged rotary + K/V append's formula in NumPy: santa_cupy.reference.rope_append on
+    """The paged rotary + K/V append's formula in NumPy: llama_min.reference.rope_append on
     one-row scratch caches, its rows then stored at slot pos % page_size of page
     table[n, pos // page_size] of the pools."""
-    from santa_cupy import reference
+    from llama_min import reference
     N, page_size = qkv.shape[0], k_pool.shape[1]
     scratch_k = np.zeros((N, int(pos.max()) + 1) + k_pool.shape[2:], k_pool.dtype)
     scratch_v = scratch_k.copy()
