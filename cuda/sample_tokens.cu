@@ -207,7 +207,8 @@ __device__ void select_cutoff(SampleShared& s, int V, u32 K0, u32 I0, u64 need, 
     }
     const u32 K = prefix;
     const u64 above = s.base, unit = weight(K);                     // ties share one weight
-    const u64 ties = s.digit_weight / unit, take = (need - above + unit - 1) / unit;
+    const u64 ties = unit ? s.digit_weight / unit : 0ull;                 // (unit 0: NaN logits only)
+    const u64 take = unit ? (need - above + unit - 1) / unit : 0ull;
     u32 I = (K == K0) ? I0 : SC_ALL_INDICES;
     if (take < ties) {                                              // the tie is split: lowest indices
         __syncthreads();

@@ -223,3 +223,16 @@ def test_params_off_switches():
     assert _params(100, greedy=False, temperature=0.0).greedy and _params(100, greedy=False, top_k=1).greedy
     with pytest.raises(ValueError, match="logits"):
         sample_reference(np.zeros((3,), np.float32), p, 0)
+
+
+@pytest.mark.parametrize("case", [dict(greedy=True), dict(greedy=False, top_k=3, top_p=0.5, seed=1),
+                                  dict(greedy=False, temperature=0.3)])
+@pytest.mark.parametrize("V", [1, 2, 1023, 1025])
+def test_kernel_model_edge_rows(case, V):
+    """All-equal rows (zeros, -inf) with one larger entry in the second: kernel model = reference."""
+    p = _params(V, **case)
+    for fill in (0.0, -np.inf):
+        logits = np.full((2, V), fill, np.float32)
+        logits[1, V // 2] = 1.0
+        want = sample_reference(logits, p, 3)
+        assert [_kernel_model(logits[b], p, 3, b) for b in range(2)] == want.tolist(), (case, V, fill)
