@@ -9,7 +9,8 @@ The contract, for the float32 logits l [V] of sequence b (V < 2^24):
 
 1. Repetition penalty p (float32): where seen[b, i], l_i <- l_i / p if l_i > 0 else l_i * p
    (float32 division / product, rounded).
-2. Greedy (greedy, or temperature 0, or top_k 1): the index of the largest l_i, ties to the lowest.
+2. Greedy (greedy, or temperature 0 or below 1 / float32 max, or top_k 1): the index of the largest
+   l_i, ties to the lowest.
 3. Else z_i = l_i * inv_t (inv_t = float32(1 / temperature); the product rounded to float32).
    Order: z descending, ties by index ascending (z compared as the float32 order key of z + 0,
    so -0 = +0). z_max = z of the first element in that order.
@@ -96,7 +97,10 @@ class SamplerParams:
         greedy = bool(cfg.greedy or cfg.temperature == 0 or cfg.top_k == 1)
         top_k = int(cfg.top_k) if 0 < cfg.top_k < vocab else 0
         top_p_q = TOP_P_OFF if cfg.top_p >= 1.0 else max(1, int(cfg.top_p * TOP_P_OFF))
-        inv_t = np.float32(1.0 / cfg.temperature) if cfg.temperature > 0 else np.float32(1.0)
+        with np.errstate(over="ignore"):
+            inv_t = np.float32(1.0 / cfg.temperature) if cfg.temperature > 0 else np.float32(1.0)
+        if not np.isfinite(inv_t):            # a temperature below 1 / float32 max: greedy
+            greedy, inv_t = True, np.float32(1.0)
         return cls(greedy, inv_t, top_k, top_p_q, np.float32(cfg.repetition_penalty), int(cfg.seed))
 
     @property
@@ -167,6 +171,8 @@ def sample_row(l: np.ndarray, p: SamplerParams, step: int, b: int) -> int:
         kept[order] = True
         w = np.where(kept, w, np.uint64(0))
     cum = np.cumsum(w, dtype=np.uint64)
+    if cum[-1] == 0:                          # NaN logits only (z_max NaN): the kernel keeps the argmax
+        return imax
     target = int(cum[-1]) * int(token_uniform(p.seed, step, b)) >> 32
     return int(np.searchsorted(cum, np.uint64(target), side="right"))
 

@@ -236,3 +236,8 @@ def test_kernel_model_edge_rows(case, V):
         logits[1, V // 2] = 1.0
         want = sample_reference(logits, p, 3)
         assert [_kernel_model(logits[b], p, 3, b) for b in range(2)] == want.tolist(), (case, V, fill)
+
+
+def test_tiny_temperature_is_greedy():
+    p = _params(10, greedy=False, temperature=1e-45)
+    assert p.greedy and p.inv_t == np.float32(1.0)
