@@ -11,7 +11,7 @@
 // (__fmul_rn & co. keep nvcc from contracting into FMAs), so rotary and SiLU are bit-identical to
 // llama_min's array path.
 // Each kernel lets the next start early and waits for its predecessor before reading (common.cuh).
-// CPU references: santa_cupy/reference.py rms_norm, rope_append, silu_mul (tests/test_gpu_decoder.py).
+// CPU references: llama_min/reference.py rms_norm, rope_append, silu_mul (tests/test_gpu_decoder.py).
 #include "common.cuh"
 #include "decoder_math.cuh"
 

@@ -27,7 +27,7 @@
 //   gemv_glu   the gate/up product + SiLU * up: gate row b and up row I + b.
 // Both round as decoder.cu's rope_append / silu_mul after gemv_split do (decoder_math.cuh): the
 // same results bit for bit.
-// CPU references: santa_cupy/reference.py weight_product, rope_append, silu_mul (tests/test_gpu_gemv.py).
+// CPU references: llama_min/reference.py weight_product, rope_append, silu_mul (tests/test_gpu_gemv.py).
 #include "common.cuh"
 #include "decoder_math.cuh"
 

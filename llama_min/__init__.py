@@ -4,10 +4,11 @@
 """
 
 from llama_min.config import LlamaConfig, load_config
-from llama_min.model import AttentionConfig, GraphDecoder, KVCache, LlamaModel
+from llama_min.model import AttentionConfig, AttentionHook, KVCache, LlamaModel
 from llama_min.generate import GenerationResult, SamplingConfig, generate
+from llama_min.graph import GraphDecoder
 
 __all__ = [
-    "AttentionConfig", "GenerationResult", "GraphDecoder", "KVCache", "LlamaConfig",
+    "AttentionConfig", "AttentionHook", "GenerationResult", "GraphDecoder", "KVCache", "LlamaConfig",
     "LlamaModel", "SamplingConfig", "generate", "load_config",
 ]

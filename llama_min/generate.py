@@ -2,39 +2,23 @@
 
     result = generate(model, prompt_ids, max_new_tokens=64, sampling=SamplingConfig(),
                       attention=AttentionConfig(), stop_ids=[2], on_token=print)
+
+The tokens are chosen where the logits are (llama_min.sampling.TokenSampler: the NumPy reference on
+the CPU, the kernel on the GPU, the same tokens for the same seed); with use_graph the sampler ends
+the captured step and one int32 a token comes back to the host (for the stop tokens and the output).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from llama_min.model import AttentionConfig, LlamaModel
+from llama_min.sampling import SamplerParams, SamplingConfig, TokenSampler, sample_reference
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    greedy: bool = True
-    temperature: float = 1.0
-    top_k: int = 0          # 0 = off
-    top_p: float = 1.0      # 1.0 = off
-    seed: int = 0
-    repetition_penalty: float = 1.0   # 1.0 = off; > 1 discourages tokens already in the context
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["GenerationResult", "Sampler", "SamplingConfig", "generate", "penalize_repetition"]
 
 
 @dataclass
@@ -46,37 +30,30 @@ class GenerationResult:
 
 
 class Sampler:
-    """Host-side next-token choice from logits [V] float32 (NumPy)."""
+    """Host-side next-token choice for one sequence from logits [V] (NumPy): llama_min.sampling's
+    algorithm (sample_reference, what the GPU's kernel draws too), its step advancing every call."""
 
     def __init__(self, cfg: SamplingConfig):
         self.cfg = cfg
-        self.rng = np.random.default_rng(cfg.seed)
+        self.step = 0
 
     def __call__(self, logits: np.ndarray, context=()) -> int:
         """The next token from logits [V]; `context` (token ids so far) for the repetition penalty."""
-        c = self.cfg
-        logits = np.asarray(logits, dtype=np.float64)
-        if c.repetition_penalty != 1.0 and len(context):
-            logits = penalize_repetition(logits, context, c.repetition_penalty)
-        if c.greedy or c.temperature == 0 or c.top_k == 1:
-            return int(np.argmax(logits))
-        z = logits / c.temperature
-        order = np.argsort(-z, kind="stable")            # best first
-        if c.top_k > 0:
-            order = order[:c.top_k]
-        zs = z[order]
-        p = np.exp(zs - zs[0])
-        p /= p.sum()
-        if c.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(p), c.top_p) + 1)   # smallest prefix with mass >= top_p
-            p = p[:keep] / p[:keep].sum()
-            order = order[:keep]
-        return int(order[self.rng.choice(len(p), p=p)])
+        l = np.asarray(logits, dtype=np.float32).reshape(1, -1)
+        params = SamplerParams.from_config(self.cfg, l.shape[1])
+        seen = None
+        if params.penalized and len(context):
+            seen = np.zeros(l.shape, np.uint8)
+            seen[0, np.asarray(context, np.int64)] = 1
+        tok = int(sample_reference(l, params, self.step, seen)[0])
+        self.step += 1
+        return tok
 
 
 def penalize_repetition(logits: np.ndarray, context, penalty: float) -> np.ndarray:
     """CTRL's (and Hugging Face's) repetition penalty: the logit of every token in `context` is
-    divided by `penalty` where positive, multiplied by it where negative. logits [V] float64."""
+    divided by `penalty` where positive, multiplied by it where negative. logits [V] float64 (the
+    formula; the samplers apply it in float32: llama_min.sampling.penalized_logits)."""
     seen = np.unique(np.asarray(context, dtype=np.int64))
     out = logits.copy()
     z = out[seen]
@@ -86,6 +63,13 @@ def penalize_repetition(logits: np.ndarray, context, penalty: float) -> np.ndarr
 
 def _host(x) -> np.ndarray:
     return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _next(sampler: TokenSampler, logits) -> int:
+    """Sample (on the logits' device), advance the sampler, bring the one token to the host."""
+    tok = int(_host(sampler(logits))[0])
+    sampler.advance()
+    return tok
 
 
 def _sync(model):
@@ -116,39 +100,43 @@ def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: Sa
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     stop = {int(s) for s in stop_ids}
-    sampler = Sampler(sampling)
     n_new = min(max_new_tokens, ctx - len(prompt))
     out, reason = [], "length"
     if n_new == 0:
         return GenerationResult(prompt, out, {"prefill_s": 0.0, "decode_s": 0.0, "tokens_per_s": 0.0}, reason)
 
     cache = model.new_cache(1, len(prompt) + n_new, page_size=page_size)
+    sampler = TokenSampler(model.xp, sampling, 1, model.cfg.vocab_size, context=[prompt])
     t0 = time.perf_counter()
     if on_prefill is not None:
         on_prefill(0, len(prompt))
     logits = model.prefill(np.asarray([prompt], dtype=np.int32), cache, progress=on_prefill)
-    tok = sampler(_host(logits)[0], prompt)
+    tok = _next(sampler, logits)
     t1 = time.perf_counter()
     graph = None
     steps = 0
-    while True:
-        if tok in stop:
-            reason = "stop"
-            break
-        out.append(tok)
-        if on_token is not None:
-            on_token(tok)
-        if len(out) >= n_new:
-            break
-        if use_graph and graph is None:
-            from llama_min.model import GraphDecoder
-            graph = GraphDecoder(model, cache, attention)
+    try:
+        while True:
+            if tok in stop:
+                reason = "stop"
+                break
+            out.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if len(out) >= n_new:
+                break
+            if use_graph and graph is None:
+                from llama_min.graph import GraphDecoder
+                graph = GraphDecoder(model, cache, attention, sampler=sampler)
+                tok = int(graph.step([tok])[0])
+            elif graph is not None:
+                tok = int(graph.step()[0])          # the graph fed its own sample back
+            else:
+                tok = _next(sampler, model.decode(np.asarray([tok], dtype=np.int32), cache, attention))
+            steps += 1
+    finally:
         if graph is not None:
-            logits = graph.replay([tok])
-        else:
-            logits = model.decode(np.asarray([tok], dtype=np.int32), cache, attention)
-        tok = sampler(_host(logits)[0], prompt + out if sampling.repetition_penalty != 1.0 else ())
-        steps += 1
+            graph.close()
     _sync(model)
     t2 = time.perf_counter()
     decode_s = t2 - t1

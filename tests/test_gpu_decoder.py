@@ -1,10 +1,12 @@
 """decoder.cu (RMSNorm, rotary + K/V append, SiLU * up) and gemv's accumulate mode against
-santa_cupy.reference (marker gpu)."""
+llama_min.reference (marker gpu)."""
 
 import numpy as np
 import pytest
 
-from santa_cupy import decoder_ops, kernels, reference, spec
+from llama_min import ops as decoder_ops
+from llama_min import reference
+from santa_cupy import kernels, spec
 from tests.gpu_util import rel_l2, requires_gpu, rope_operands
 
 pytestmark = [pytest.mark.gpu, requires_gpu]

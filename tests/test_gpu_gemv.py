@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from santa_cupy import decoder_ops, reference, spec
+from llama_min import ops as decoder_ops
+from llama_min import reference
+from santa_cupy import spec
 from tests.gpu_util import rel_l2, requires_gpu, rope_operands
 
 pytestmark = [pytest.mark.gpu, requires_gpu]

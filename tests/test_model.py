@@ -440,7 +440,7 @@ def test_graph_decoder_matches_eager(tmp_path, method, dtype):
     step counter advanced with the cache's; a decoder whose counter stayed put (eager with the step
     held) would differ, and the counter ends at the cache's step."""
     cp = _cupy()
-    from llama_min.model import GraphDecoder
+    from llama_min.graph import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
     att = AttentionConfig(method=method, samples=64, seed=3, santa_min_length=0)
@@ -498,13 +498,14 @@ def test_graph_decoder_with_gemv_matches_eager(tmp_path):
     residual adds in the same launch) agree with the eager cuBLAS step (float16 out) to the
     products' rounding; the K/V rows it appends likewise."""
     cp = _cupy()
-    from llama_min.model import GraphDecoder
+    from llama_min.backends import GemvBackend
+    from llama_min.graph import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")
     steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=3, prompt_len=7, n_steps=4, max_len=16, seed=5)
     eager = [cp.asnumpy(model.decode(t, c1)) for t in steps]
     with GraphDecoder(model, c2, gemv=True) as gd:
-        assert type(gd.gemm).__name__ == "_GemvFirst"
+        assert isinstance(gd.backend, GemvBackend)
         graph = [cp.asnumpy(gd.replay(t)) for t in steps]
     for g, e in zip(graph, eager):
         _close(g, e, 1e-2)
@@ -517,8 +518,9 @@ def test_graph_decoder_fused_epilogues_are_bit_identical(tmp_path, monkeypatch):
     launches (gemv_rope, gemv_glu; no rope_append or silu_mul launch in the step): the logits and
     the appended K/V are those of the same step with the two separate launches, bit for bit."""
     cp = _cupy()
-    from llama_min.model import GraphDecoder, _GemvFirst
-    from santa_cupy import decoder_ops
+    from llama_min import ops as decoder_ops
+    from llama_min.backends import GemvBackend
+    from llama_min.graph import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")
     steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=3, prompt_len=7, n_steps=4, max_len=16, seed=6)
@@ -532,8 +534,7 @@ def test_graph_decoder_fused_epilogues_are_bit_identical(tmp_path, monkeypatch):
         fused = [cp.asnumpy(gd.replay(t)) for t in steps]
     assert calls["gemv_rope"] > 0 and calls["gemv_rope"] == calls["gemv_glu"]
     assert calls["rope_append"] == calls["silu_mul"] == 0
-    monkeypatch.setattr(_GemvFirst, "product_rope", lambda self, *a: None)
-    monkeypatch.setattr(_GemvFirst, "product_glu", lambda self, *a: None)
+    monkeypatch.setattr(GemvBackend, "fuse_epilogues", False)
     with GraphDecoder(model, c2, gemv=True) as gd:
         separate = [cp.asnumpy(gd.replay(t)) for t in steps]
     assert calls["rope_append"] > 0 and calls["silu_mul"] > 0
@@ -550,7 +551,7 @@ def test_graph_decoder_with_programmatic_launch_is_bit_identical(tmp_path):
     overlaps its predecessor's tail) on sm_90+: the logits and the appended K/V are those of a plain
     capture, bit for bit, and the process-wide launch mode is left as it was."""
     cp = _cupy()
-    from llama_min.model import GraphDecoder
+    from llama_min.graph import GraphDecoder
     from santa_cupy import kernels
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")

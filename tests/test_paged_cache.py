@@ -292,10 +292,10 @@ def _cupy():
 
 
 def _rope_append_paged_np(qkv, cos, sin, pos, k_pool, v_pool, table, heads, kv_heads, kv_dtype):
-    """The paged rotary + K/V append's formula in NumPy: santa_cupy.reference.rope_append on
+    """The paged rotary + K/V append's formula in NumPy: llama_min.reference.rope_append on
     one-row scratch caches, its rows then stored at slot pos % page_size of page
     table[n, pos // page_size] of the pools."""
-    from santa_cupy import reference
+    from llama_min import reference
     N, page_size = qkv.shape[0], k_pool.shape[1]
     scratch_k = np.zeros((N, int(pos.max()) + 1) + k_pool.shape[2:], k_pool.dtype)
     scratch_v = scratch_k.copy()
@@ -328,7 +328,7 @@ def test_paged_rope_append_is_its_numpy_formula(product, kv_dtype, N, H, KVH, D,
     """decoder_ops.rope_append with block_table on shuffled pages: q and every page of both pools
     bit for bit as the NumPy formula (only the N written rows change)."""
     cp = _cupy()
-    from santa_cupy import decoder_ops
+    from llama_min import ops as decoder_ops
     rng = np.random.default_rng(N * D + page_size)
     qkv, cos, sin, pos, table, pool = _paged_rope_inputs(rng, N, H, KVH, D, page_size, max_pages, product, kv_dtype)
     k_ref, v_ref = pool[0].copy(), pool[1].copy()
@@ -345,7 +345,7 @@ def test_paged_rope_append_is_its_numpy_formula(product, kv_dtype, N, H, KVH, D,
 @pytest.mark.parametrize("n", [1, 3])
 def test_paged_gemv_rope_is_gemv_then_paged_rope_append(kv_dtype, n):
     cp = _cupy()
-    from santa_cupy import decoder_ops
+    from llama_min import ops as decoder_ops
     rng = np.random.default_rng(n)
     H, KVH, D, K = 8, 2, 64, 256
     _, cos, sin, pos, table, pool = _paged_rope_inputs(rng, n, H, KVH, D, 16, 3, "float32", kv_dtype)
@@ -362,7 +362,7 @@ def test_paged_gemv_rope_is_gemv_then_paged_rope_append(kv_dtype, n):
 @gpu
 def test_paged_rope_append_rejects_bad_tables():
     cp = _cupy()
-    from santa_cupy import decoder_ops
+    from llama_min import ops as decoder_ops
     f16 = cp.float16
     qkv, cs, pos = cp.zeros((2, 4 * 8), f16), cp.zeros((4, 4), cp.float32), cp.zeros(2, cp.int32)
     pool = cp.zeros((6, 4, 1, 8), f16)
@@ -387,7 +387,7 @@ def test_gpu_paged_decoder_is_the_contiguous_one(tmp_path, method, dtype, gemv):
     output feeds, bit for bit: the paged append writes what the contiguous one does), and the
     graph reads the block table at one address while replay() writes new pages into it."""
     cp = _cupy()
-    from llama_min.model import GraphDecoder
+    from llama_min.graph import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
     att = AttentionConfig(method=method, samples=64, seed=3, santa_min_length=0)

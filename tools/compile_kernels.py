@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from santa_cupy import decoder_ops, kernels  # noqa: E402
+from llama_min import ops as decoder_ops  # noqa: E402
+from santa_cupy import kernels  # noqa: E402
 
 
 def find_nvrtc() -> str:

@@ -71,7 +71,7 @@ for page_size, layout in ((16, "NHD"), (24, "HND"), (1, "NHD")):
 DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
            santa_min_length=100).run(q, k, v, lengths)
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
-from santa_cupy import decoder_ops  # noqa: E402
+from llama_min import ops as decoder_ops  # noqa: E402
 x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))
 w16 = cupy.asarray(rng.standard_normal((37, 264)).astype(np.float16))
 y = decoder_ops.gemv(x16, w16)
@@ -86,6 +86,12 @@ wqkv = cupy.asarray(rng.standard_normal(((H + 2 * KVH) * D, 264)).astype(np.floa
 decoder_ops.gemv_rope(x16, wqkv, table, table, cupy.asarray(np.array([L - 1, 0, 7], np.int32)), k, v, H, KVH,
                       "bfloat16")
 decoder_ops.gemv_glu(x16, cupy.asarray(rng.standard_normal((2 * 99, 264)).astype(np.float16)))
+# the token sampler (sample_tokens.cu): every mode, ties split at the top-k / top-p cutoffs (rounded logits)
+from llama_min.sampling import SamplingConfig, TokenSampler  # noqa: E402
+for cfg in (SamplingConfig(greedy=True, repetition_penalty=1.2),
+            SamplingConfig(greedy=False, top_k=40, top_p=0.9, seed=1, repetition_penalty=1.3)):
+    TokenSampler(cupy, cfg, B, 1003, context=[[1, 2]] * B)(
+        cupy.asarray(np.round(rng.standard_normal((B, 1003)) * 2).astype(np.float32)))
 # everything again with programmatic dependent launch (sm_90+: kernels start before their predecessor ends)
 from santa_cupy import kernels  # noqa: E402
 if kernels.set_programmatic_launch(True):

@@ -123,7 +123,8 @@ def _fill_random_kv(cp, model, cache, L):
 def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True, programmatic=True):
     """Time llama_min's decode step for each method over the same weights and cache, reset to
     L tokens before each method: a CUDA graph (GraphDecoder) replayed, or eager model.decode()."""
-    from llama_min.model import AttentionConfig, GraphDecoder
+    from llama_min.graph import GraphDecoder
+    from llama_min.model import AttentionConfig
 
     B = cache.batch
     rows = []

@@ -22,10 +22,10 @@ PRODUCT_METHODS = ("cublas", "gemv", "gemv-rows")      # gemv = decoder_ops v2 "
 
 def _product_fn(method, x, w, y, cublas):
     """One weight product y (float32) += x @ w.T by method (the residual update's form), for
-    time_cupy_graph; cublas: a llama_min _CublasGemm."""
+    time_cupy_graph; cublas: a llama_min.cublas.CublasGemm."""
     if method == "cublas":
         return lambda: cublas(x, w, accumulate_into=y)
-    from santa_cupy import decoder_ops
+    from llama_min import ops as decoder_ops
     kernel = "split" if method == "gemv" else "rows"
     return lambda: decoder_ops.gemv(x, w, out=y, accumulate=True, kernel=kernel)
 
@@ -54,7 +54,7 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
     bad = [m for m in method_list if m not in PRODUCT_METHODS]
     if bad:
         raise click.BadParameter(f"unknown method(s) {bad}; choose from {PRODUCT_METHODS}", param_hint="--methods")
-    from santa_cupy import decoder_ops
+    from llama_min import ops as decoder_ops
     if not token_list or min(token_list) < 1 or max(token_list) > decoder_ops.GEMV_TOKENS[-1]:
         raise click.BadParameter(f"token counts must be in 1..{decoder_ops.GEMV_TOKENS[-1]}", param_hint="--tokens")
     cp = _cupy()
@@ -62,8 +62,8 @@ def products_command(tokens, methods, repeats, json_path, markdown_path):
     _log("measuring the streaming-read ceiling ...")
     ceiling = measure_ceiling(cp)
     l2 = cp.cuda.Device().attributes["L2CacheSize"]
-    from llama_min.model import _CublasGemm
-    cublas = _CublasGemm()
+    from llama_min.cublas import CublasGemm
+    cublas = CublasGemm()
     rows = []
     shapes = weight_shapes(LLAMA8B_MODEL)
     with click.progressbar(list(shapes.items()), label="products", file=sys.stderr) as bar:

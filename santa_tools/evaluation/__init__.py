@@ -15,10 +15,10 @@ Three evaluations, each a function of sampler x budget x S (samples) x seed:
 SANTA affects decode steps only (prefill is dense), so every scored prediction comes from a decode
 step: the last prompt token is always fed through ``model.decode``.
 
-Capturing attention inputs: ``LlamaModel.decode`` has no public hook, so ``AttentionRecorder``
-shadows the ``_eager_attention`` method on one model *instance* (never the class) with a wrapper
-that records ``(q, k_cache, v_cache, lengths)`` per layer and then calls the original attention.
-It works for every path (NumPy dense, NumPy SANTA reference, CuPy DecodePlan).
+Capturing attention inputs: ``AttentionRecorder`` is an attention hook (``LlamaModel.decode(...,
+attention_hook=rec)``, llama_min.model.AttentionHook) that records ``(q, k_cache, v_cache,
+lengths)`` per layer and then calls the configured attention. It works for every path (NumPy
+dense, NumPy SANTA reference, CuPy DecodePlan).
 
 Modules, one job each: metrics (pure NumPy, float64), settings (the attention under test), texts
 (long text, passcode prompts), decoding (caches, recorder, steppers), runs (the evaluations and

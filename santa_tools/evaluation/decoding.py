@@ -41,39 +41,22 @@ def prefilled_cache(model, ids, max_len: int):
 
 
 class AttentionRecorder:
-    """Context manager: records decode-attention inputs of one model instance, per layer.
+    """An attention hook (llama_min.model.AttentionHook) that records decode-attention inputs, per layer.
 
-        with AttentionRecorder(model) as rec:
-            model.decode(tokens, cache)
+        rec = AttentionRecorder()
+        model.decode(tokens, cache, attention, attention_hook=rec)
         q, k_cache, v_cache, lengths = rec.calls[layer]
 
-    Shadows ``model._eager_attention`` on the instance (see the module docstring). ``q`` and
-    ``lengths`` are copies; the caches are the live cache arrays (do not decode further on them).
+    ``q`` and ``lengths`` are copies; the caches are the live cache arrays (do not decode further
+    on them). The attention itself is the configured one, unchanged.
     """
 
-    def __init__(self, model):
-        if not hasattr(model, "_eager_attention"):
-            raise RuntimeError("this model has no _eager_attention hook point; cannot capture inputs")
-        self.model = model
+    def __init__(self):
         self.calls: dict[int, tuple] = {}
 
-    def __enter__(self):
-        original = self.model._eager_attention
-
-        def patched(att, cache):
-            attn = original(att, cache)
-
-            def recording(li, q, kc, vc, lens):
-                self.calls[li] = (q.copy(), kc, vc, lens.copy())
-                return attn(li, q, kc, vc, lens)
-            return recording
-
-        self.model._eager_attention = patched
-        return self
-
-    def __exit__(self, *exc):
-        del self.model._eager_attention
-        return False
+    def __call__(self, layer, q, k_cache, v_cache, lengths, attend):
+        self.calls[layer] = (q.copy(), k_cache, v_cache, lengths.copy())
+        return attend(q, k_cache, v_cache, lengths)
 
 
 def decode_logits(model, cache, token: int, attention) -> np.ndarray:
@@ -98,7 +81,7 @@ class Stepper:
     def __init__(self, model, cache, attention):
         self.graph = None
         if model.xp is not np:
-            from llama_min.model import GraphDecoder
+            from llama_min.graph import GraphDecoder
             self.graph = GraphDecoder(model, cache, attention)
         self.model, self.cache, self.attention = model, cache, attention
 

@@ -27,8 +27,8 @@ def capture_attention_inputs(model, ids) -> dict[int, tuple]:
     """Dense prefill of ids[:-1], one dense decode of ids[-1]; -> {layer: (q, k, v, lengths)}."""
     cache = prefilled_cache(model, ids[:-1], len(ids))
     from llama_min.model import AttentionConfig
-    with AttentionRecorder(model) as rec:
-        model.decode(np.asarray([ids[-1]], np.int64), cache, AttentionConfig(method="dense"))
+    rec = AttentionRecorder()
+    model.decode(np.asarray([ids[-1]], np.int64), cache, AttentionConfig(method="dense"), attention_hook=rec)
     return rec.calls
 
 

@@ -1,13 +1,14 @@
-"""The decoder's own kernels (cuda/gemv.cu, cuda/decoder.cu), for llama_min's GPU decode step and
-``bench e2e``: weight products for a few tokens, and the small steps between them (RMSNorm,
-rotary + K/V append, SiLU * up) as one launch each, or the last two inside the product before them
-(gemv_rope, gemv_glu).
+"""The decoder's own kernels (cuda/gemv.cu, cuda/decoder.cu, cuda/sample_tokens.cu), for llama_min's
+GPU decode step and ``bench e2e``: weight products for a few tokens, the small steps between them
+(RMSNorm, rotary + K/V append, SiLU * up) as one launch each, or the last two inside the product
+before them (gemv_rope, gemv_glu), and the next token from the logits (sample_tokens).
 
 One module holds every instance (``instance_names``); CI compiles it for every architecture
 (tools/compile_kernels.py). All functions take CuPy arrays, launch on the current stream and never
 synchronise with the host, so a decode step built from them can be captured as a CUDA graph.
 bfloat16 travels as uint16 bits (the ``kv_dtype`` argument says so). CPU references:
-santa_cupy/reference.py (weight_product, rms_norm, rope_append, silu_mul).
+llama_min/reference.py (weight_product, rms_norm, rope_append, silu_mul) and
+llama_min/sampling.py (sample_reference).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import numpy as np
 from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
 from santa_cupy.kernels import THREADS as GEMV_THREADS      # gemv.cu blocks: SC_NTHREADS
 
-SOURCE_FILES = ("common.cuh", "decoder_math.cuh", "gemv.cu", "decoder.cu")
+SOURCE_FILES = ("common.cuh", "decoder_math.cuh", "gemv.cu", "decoder.cu", "sample_tokens.cu")
 THREADS = 256                    # SC_DECODER_THREADS (decoder.cu)
 RMS_THREADS = 1024               # SC_RMS_THREADS
+SAMPLE_THREADS = 1024            # SC_SAMPLE_THREADS (sample_tokens.cu)
 GEMV_DTYPES = ("float16", "bfloat16")
 GEMV_TOKENS = (1, 2, 4)          # gemv instances by NB: n tokens take the smallest NB >= n
 # llama_min's default: gemv for one token, cuBLAS beyond (bench products, H200: gemv 1.00-1.22x
@@ -39,7 +41,8 @@ MAX_PAGE_SIZE = 256              # paged caches (rope_append, gemv_rope): page s
 @functools.lru_cache(maxsize=None)
 def instance_names() -> dict[tuple, str]:
     """Every template instance of the module, by key: (gemv kernel, dtype, nb), ("gemv_rope", dtype, kv, nb),
-    ("gemv_glu", dtype, nb), ("rms_norm", out), ("rope_append", product, kv), ("silu_mul", product, out)."""
+    ("gemv_glu", dtype, nb), ("rms_norm", out), ("rope_append", product, kv), ("silu_mul", product, out),
+    ("sample_tokens", "float32") (the logits' dtype: one instance)."""
     t = STORAGE_TYPE
     names = {(k, d, nb): f"{fn}<{t[d]}, {nb}>" for k, fn in GEMV_KERNELS.items() for d in GEMV_DTYPES
              for nb in GEMV_TOKENS}
@@ -49,6 +52,7 @@ def instance_names() -> dict[tuple, str]:
     names |= {("rms_norm", o): f"rms_norm<{t[o]}>" for o in PRODUCT_DTYPES}
     names |= {("rope_append", p, kv): f"rope_append<{t[p]}, {t[kv]}>" for p in PRODUCT_DTYPES for kv in KV_DTYPES}
     names |= {("silu_mul", p, o): f"silu_mul<{t[p]}, {t[o]}>" for p in PRODUCT_DTYPES for o in PRODUCT_DTYPES}
+    names[("sample_tokens", "float32")] = "sample_tokens<float>"
     return names
 
 
@@ -273,3 +277,33 @@ def silu_mul(gu, out_dtype, out=None):
     blocks = max(1, min(SILU_BLOCKS_PER_SM * _sm_count(), -(-total // THREADS)))
     launch(_kernel(("silu_mul", p, o)), (blocks,), (gu, a, np.int32(I), np.int64(total)), threads=THREADS)
     return a
+
+
+def sample_tokens(logits, seen, use_seen: bool, mark: bool, penalty, step, seed: int, greedy: bool, inv_t, top_k: int,
+                  top_p_q: int, out=None):
+    """The next token of every sequence (llama_min/sampling.py's contract, bit for bit with its
+    sample_reference): logits [B, V] float32 (C-contiguous, V < 2^24), seen [B, V] uint8 (read where
+    use_seen: the repetition penalty's tokens, penalty float32; with mark the chosen tokens are
+    marked; else any uint8 array), step int64 [1] (the RNG step, read on the device), seed, greedy,
+    inv_t (float32(1 / temperature)), top_k (0: off), top_p_q (top_p * 2^32, >= 2^32: off) ->
+    out [B] int32. One block a sequence; nothing read back to the host."""
+    import cupy
+
+    from llama_min.sampling import MAX_VOCAB
+    if logits.dtype != cupy.float32 or logits.ndim != 2 or not logits.flags.c_contiguous \
+            or not 1 <= logits.shape[1] <= MAX_VOCAB:
+        raise ValueError(f"sample_tokens needs C-contiguous float32 logits [B, V] with V <= {MAX_VOCAB}, got "
+                         f"{logits.dtype} {logits.shape}")
+    B, V = logits.shape
+    if use_seen and (seen.dtype != cupy.uint8 or seen.shape != (B, V) or not seen.flags.c_contiguous):
+        raise ValueError(f"sample_tokens needs seen as a C-contiguous uint8 [{B}, {V}] array, got {seen.dtype} "
+                         f"{seen.shape}")
+    if step.dtype != cupy.int64 or step.size < 1:
+        raise ValueError(f"sample_tokens needs step as an int64 device array, got {step.dtype} {step.shape}")
+    y = _check_out(out, (B,), cupy.int32, "sample_tokens")
+    launch(_kernel(("sample_tokens", "float32")), (B,),
+           (logits, np.int32(V), seen, np.int32(bool(use_seen)), np.int32(bool(mark)), np.float32(penalty), step,
+            np.uint64(int(seed) & ((1 << 64) - 1)), np.int32(bool(greedy)), np.float32(inv_t), np.int32(top_k),
+            np.uint64(min(int(top_p_q), 1 << 32)), y), threads=SAMPLE_THREADS)
+    return y
+
