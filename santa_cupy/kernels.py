@@ -359,12 +359,18 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
 
 
-# Never slower than exact (DecodePlan's santa_min_length="auto"): santa costs a fixed ~15 us more
-# than dense per call (two launches with dependent round trips against one; H200, llama8b shape,
-# B=1: santa 39.9 vs dense 39.3 us at 32k, 25.4 vs 16.1 at 8k, 109 vs 128 at 128k) and saves about
-# one V row read per sequence and token, so it pays once B * n * (KVH * D * itemsize) bytes take
-# longer than that to read: n >= SANTA_FIXED_COST_S * bandwidth / (B * KVH * D * itemsize).
-SANTA_FIXED_COST_S = 15e-6
+# Never slower than exact (DecodePlan's santa_min_length="auto"). Fitted to one bench run (H200,
+# llama8b shape, bf16, 045f86c: bench stages and kernels at B = 1, 4, 16 x 8k, 32k, 128k): dense
+# takes ~10 us + 0.92 ns a row (B * n rows), santa (every length) ~F(B) + 0.60 ns a row with
+# F = 23, 29, 61 us at B = 1, 4, 16: a fixed cost (more launches, dependent round trips) plus one
+# per sequence (pass 2 gathers S * G V rows a (sequence, KV head) whatever its length, and at
+# B * KVH > FINISH_MAX_GROUPS santa_merge follows). Santa pays once the bytes it saves, about a V
+# row per row at the streaming rate (0.75 of the peak bandwidth), outweigh that:
+#   n >= (SANTA_FIXED_COST_S + B * SANTA_PER_SEQUENCE_COST_S) * bandwidth / (B * KVH * D * itemsize),
+# the costs in peak-bandwidth seconds: 39.6k tokens at B = 1, 15.7k at B = 4, 9.7k at B = 16 (measured:
+# dense faster at B = 1 32k, B = 4 8k, B = 16 8k; santa at B = 1 128k, B = 4 32k, B = 16 32k).
+SANTA_FIXED_COST_S = 13.6e-6
+SANTA_PER_SEQUENCE_COST_S = 3.3e-6
 DEFAULT_BANDWIDTH = 4.8e12          # bytes/s (H200) where the device does not report its memory
 
 
@@ -379,7 +385,8 @@ def device_bandwidth(device_attributes) -> float:
 
 def santa_min_length(batch, kv_heads, head_dim, itemsize, bandwidth) -> int:
     """The sequence length from which santa is faster than dense (module comment above)."""
-    return max(1, math.ceil(SANTA_FIXED_COST_S * bandwidth / (batch * kv_heads * head_dim * itemsize)))
+    cost = SANTA_FIXED_COST_S + batch * SANTA_PER_SEQUENCE_COST_S
+    return max(1, math.ceil(cost * bandwidth / (batch * kv_heads * head_dim * itemsize)))
 
 
 def resident_blocks(kernel, threads: int = THREADS, shared_mem: int = 0, device_attributes=None) -> int:
