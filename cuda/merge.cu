@@ -20,7 +20,7 @@
 #define SC_MERGE_SUM 2
 #define SC_MERGE_WEIGHTED 3
 
-#define SC_MERGE_THREADS 512
+#define SC_MERGE_THREADS 256
 
 // Block-wide combine of the (m, z) pairs; every thread gets the result.
 __device__ __forceinline__ void block_lse(float& m, float& z, float* red_m, float* red_z) {
@@ -44,13 +44,15 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 
-// grid (H, B), block SC_MERGE_THREADS (16 warps). Pass 1: one read of part_s gives m* and Z
-// (online log-sum-exp). Pass 2: warp w merges partials w, w + 16, ..., U of them in flight, its
+// grid (H, B), block SC_MERGE_THREADS (8 warps). Pass 1: one read of part_s gives m* and Z
+// (online log-sum-exp). Pass 2: warp w merges partials w, w + 8, ..., U of them in flight, its
 // lanes over D (D/32 consecutive floats each, vector loads); the warps are summed through shared
 // memory. U = 8 where the grid is at most one wave (B = 1: latency-bound, fewer round trips), 4
-// otherwise (64 instead of 104 registers at D 128, so two blocks fit an SM).
+// otherwise (at D <= 128 at most 64 registers: four blocks an SM). 256 threads, not 512: at 64 registers a
+// 512-thread block left 2 blocks an SM, so B=16 x H=32 ran in two waves (ncu at bb7ac73: 20.3 us,
+// achieved occupancy 45%); four 256-thread blocks an SM take those 512 blocks in one.
 template <typename T, int D, int U>
-__global__ void __launch_bounds__(SC_MERGE_THREADS)
+__global__ void __launch_bounds__(SC_MERGE_THREADS, U == 4 && D <= 128 ? 4 : 1)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
             i64 L_max, int H, int part_rows, int split_target, int P_max, int o_stride, int kind, int samples,
             T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {

@@ -4,6 +4,8 @@ sampler, so that generation moves B int32 tokens a step to the host and nothing 
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 
 from llama_min.backends import gpu_backend
@@ -78,6 +80,11 @@ class GraphDecoder:
                     self.tokens.copy()[...] = sampler.out            # before the capture
                     cupy.add(sampler.step, 1, out=sampler.step.copy())
                 self.stream.synchronize()
+                # No garbage collection during the capture: collecting an earlier decoder's cycle
+                # would free its private pool (cudaFree, which invalidates a capture) mid-capture.
+                gc.collect()
+                gc_was_on = gc.isenabled()
+                gc.disable()
                 self.stream.begin_capture()
                 try:
                     self.logits = model._decode_core(self.tokens, cache, attn, self.backend)
@@ -89,6 +96,8 @@ class GraphDecoder:
                     self.plan.advance()                  # the SANTA step counter
                 finally:
                     self.graph = self.stream.end_capture()
+                    if gc_was_on:
+                        gc.enable()
             self.stream.synchronize()
         except BaseException:
             self.backend.close()
@@ -99,7 +108,10 @@ class GraphDecoder:
     def close(self):
         """Release the graph, its memory pool and the cuBLAS handle (also on garbage collection)."""
         self.backend.close()
-        self.graph = self.pool = None
+        self.graph = None
+        if self.pool is not None:
+            self.pool.free_all_blocks()          # now, not whenever a collector reaches the pool
+        self.pool = None
 
     def __enter__(self):
         return self

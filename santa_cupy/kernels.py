@@ -44,7 +44,7 @@ NVRTC_OPTIONS = ("-std=c++17",)
 THREADS = 128       # SC_NTHREADS
 CHUNK = 8           # SC_CHUNK
 PREFIX_THREADS = 256
-MERGE_THREADS = 512
+MERGE_THREADS = 256
 HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 ACC_COPIES = 8        # SC_ACC_COPIES (merge.cuh): copies of santa_tile_warp's accumulators
 FINISH_MAX_GROUPS = 32  # santa_tile_warp writes o itself up to this many (sequence, KV head) groups
