@@ -17,7 +17,7 @@ import functools
 
 import numpy as np
 
-from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch
+from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch, register_kernel
 from santa_cupy.kernels import THREADS as GEMV_THREADS      # gemv.cu blocks: SC_NTHREADS
 
 SOURCE_FILES = ("common.cuh", "decoder_math.cuh", "gemv.cu", "decoder.cu", "sample_tokens.cu")
@@ -72,8 +72,10 @@ def _module():
 
 @functools.lru_cache(maxsize=None)
 def _kernel(key: tuple):
-    """One instance (cached: no module lookups per decode step)."""
-    return _module().get_function(instance_names()[key])
+    """One instance (cached: no module lookups per decode step), its launches checked against its
+    C declaration (santa_cupy.kernels.register_kernel)."""
+    name = instance_names()[key]
+    return register_kernel(_module().get_function(name), source()[0], name)
 
 
 @functools.lru_cache(maxsize=None)

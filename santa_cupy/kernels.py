@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from santa_cupy import spec
+from santa_cupy import kernel_args, spec
 
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
@@ -269,8 +269,22 @@ def _module(dtype_name: str, head_dim: int, group: int, role: str):
     return cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=names)
 
 
+# kernel_args' checks of every launch: id(kernel) -> (kernel, its Signature); the kernel is held so
+# that its id stays its own
+_SIGNATURES: dict[int, tuple] = {}
+
+
+def register_kernel(kernel, source: str, instance: str):
+    """Check every launch(kernel, ...) against the declaration of ``instance`` (a name expression)
+    in ``source`` (kernel_args); returns the kernel."""
+    _SIGNATURES[id(kernel)] = (kernel, kernel_args.signature_of(source, instance))
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
 def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int, method: str) -> KernelSet:
-    """Compile (or fetch from CuPy's cache) the kernels of one configuration. Needs CuPy + a GPU."""
+    """Compile (or fetch from CuPy's cache) the kernels of one configuration, once per process
+    (plans share them). Needs CuPy + a GPU."""
     if dtype_name not in STORAGE_TYPE or head_dim not in spec.HEAD_DIMS or group not in GROUPS \
             or block_n not in spec.BLOCK_NS:
         raise ValueError(f"no kernel instance for dtype={dtype_name!r}, head_dim={head_dim}, group={group}, "
@@ -279,7 +293,8 @@ def get_kernels(dtype_name: str, head_dim: int, group: int, block_n: int, method
     role = "dense" if method == "dense" else f"santa{block_n}"
     module = _module(dtype_name, head_dim, group, role)
     names = instance_names(dtype_name, head_dim, group, role)
-    return KernelSet(**{key: module.get_function(name) for key, name in names.items()})
+    source = build_source()
+    return KernelSet(**{key: register_kernel(module.get_function(name), source, name) for key, name in names.items()})
 
 
 # ---- programmatic dependent launch (common.cuh: pdl_wait / pdl_launch_dependents) -----------------
@@ -340,7 +355,12 @@ def _c_arg(a):
 
 def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
     """Launch on the current stream with enough dynamic shared memory (raising the limit if needed);
-    with programmatic dependent launch when set_programmatic_launch(True)."""
+    with programmatic dependent launch when set_programmatic_launch(True). The arguments of a
+    registered kernel (register_kernel: every kernel of santa_cupy and llama_min) are checked
+    against its C declaration first (kernel_args.check: a TypeError, nothing launched)."""
+    entry = _SIGNATURES.get(id(kernel))
+    if entry is not None:
+        kernel_args.check(entry[1], args)
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
     if not _programmatic["on"]:

@@ -74,7 +74,9 @@ def launches(monkeypatch):
     def fake_get_kernels(dtype_name, head_dim, group, block_n, method):
         role = "dense" if method == "dense" else f"santa{block_n}"
         names = kernels.instance_names(dtype_name, head_dim, group, role)
-        return kernels.KernelSet(**{key: RecordingKernel(name.split("<")[0], log) for key, name in names.items()})
+        source = kernels.build_source()      # every recorded launch is checked against the C declarations
+        return kernels.KernelSet(**{key: kernels.register_kernel(RecordingKernel(name.split("<")[0], log), source, name)
+                                    for key, name in names.items()})
 
     monkeypatch.setattr(kernels, "get_kernels", fake_get_kernels)
     return log
