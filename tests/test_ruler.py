@@ -586,3 +586,42 @@ def test_merge_detects_duplicates_with_other_answers(tmp_path):
     r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--merge",
                                              str(tmp_path / "c.json")])
     assert r.exit_code == 1 and "('vt', 4096, 0, 'dense', 0) differs from an earlier run's record" in r.output
+
+
+class _EagerGraphGreedy:
+    """GraphGreedy's contract on the CPU (eager steps): the shared cache put back to the prefill's
+    state in place, then greedy decoding on it."""
+
+    made = []
+
+    def __init__(self, model, cache, attention):
+        self.model, self.cache, self.attention = model, cache, attention
+        _EagerGraphGreedy.made.append(attention)
+
+    def answer(self, n0, first, n, stop_ids=(), done=None):
+        c = self.cache
+        c.lengths[...] = n0
+        c.length, c.step = n0, 0
+        c.lse_hints.clear()                      # the one-pass hints (on the GPU: OnePassLayers.reset)
+        return ev.decoding.eager_greedy(self.model, c, first, n, self.attention, stop_ids, done)
+
+    def close(self):
+        pass
+
+
+def test_shared_cache_decoding_equals_clones(tmp_path, monkeypatch):
+    """GraphDecoders' scheme (one cache per capacity, each sample prefilled into it in place, every
+    setting decoding on it after the prefill's rows) gives the clone-per-setting answers: decoding
+    writes only rows after the prefill. One decoder per (capacity, setting, seed), reused."""
+    from llama_min.model import LlamaModel
+    monkeypatch.setattr(er.runs, "GraphGreedy", _EagerGraphGreedy)
+    _EagerGraphGreedy.made = []
+    model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
+    recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": t, "outputs": ["zzzz"]}
+            for i, t in enumerate(["abc" * 5, "the code is", "x" * 40])]
+    runs = [(ev.settings.DENSE, 0)] + [(er.runs.parse_setting(s), seed) for s in
+                                      ("systematic/global/S=4", "systematic/one_pass/S=8") for seed in (0, 1)]
+    a = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=True, graph=True)
+    b = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=True, graph=False)
+    assert [(r["pred"], r["new_tokens"]) for r in a] == [(r["pred"], r["new_tokens"]) for r in b]
+    assert len(_EagerGraphGreedy.made) == len(runs)              # the three samples share capacity 64
