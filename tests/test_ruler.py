@@ -625,3 +625,12 @@ def test_shared_cache_decoding_equals_clones(tmp_path, monkeypatch):
     b = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=True, graph=False)
     assert [(r["pred"], r["new_tokens"]) for r in a] == [(r["pred"], r["new_tokens"]) for r in b]
     assert len(_EagerGraphGreedy.made) == len(runs)              # the three samples share capacity 64
+
+
+def test_prefill_chunk_on_the_gpu_fits_the_scores():
+    class M:
+        H, xp = 9, object()
+    assert ev.decoding.prefill_chunk(M, 8192) == 2048 and ev.decoding.prefill_chunk(M, 4096) == 4096
+    assert ev.decoding.prefill_chunk(M, 100) == 4096 and ev.decoding.prefill_chunk(M, 10 ** 6) == 512
+    M.xp = np
+    assert ev.decoding.prefill_chunk(M, 8192) is None

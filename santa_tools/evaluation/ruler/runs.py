@@ -10,7 +10,7 @@ import time
 import click
 import numpy as np
 
-from santa_tools.evaluation.decoding import GraphGreedy, clone_cache, eager_greedy, prefilled_cache
+from santa_tools.evaluation.decoding import GraphGreedy, clone_cache, eager_greedy, prefill_chunk, prefilled_cache
 from santa_tools.evaluation.settings import DENSE, Setting
 from santa_tools.evaluation.ruler.data import prompt_text
 from santa_tools.evaluation.ruler.scoring import score, task_family
@@ -83,7 +83,7 @@ class EagerDecoder:
         self.model, self.cache0, self.setup_s = model, None, 0.0
 
     def prefill(self, ids, capacity: int):
-        self.cache0 = prefilled_cache(self.model, ids, capacity)
+        self.cache0 = prefilled_cache(self.model, ids, capacity, prefill_chunk(self.model, len(ids)))
 
     def answer(self, attention, first, n, stop_ids, done):
         return eager_greedy(self.model, clone_cache(self.model, self.cache0), first, n, attention, stop_ids, done)
@@ -112,7 +112,8 @@ class GraphDecoders:
         if cache is None:
             cache = self.caches[capacity] = self.model.new_cache(1, capacity)
         cache.reset()
-        self.model.prefill(np.asarray(ids, np.int64)[None], cache)
+        chunk = prefill_chunk(self.model, len(ids))
+        self.model.prefill(np.asarray(ids, np.int64)[None], cache, **({} if chunk is None else {"chunk": chunk}))
         self.cache, self.n0, self.capacity = cache, len(ids), capacity
 
     def answer(self, attention, first, n, stop_ids, done):
