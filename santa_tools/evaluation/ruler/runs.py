@@ -1,5 +1,5 @@
-"""Running RULER samples: the --settings labels, and greedy answers per (setting, seed) from one
-dense prefill per sample.
+"""Running RULER samples: the --settings labels, the CPU (eager) and GPU (captured step) decoders,
+greedy answers per (setting, seed) from one dense prefill per sample, and the pacing lines.
 """
 
 from __future__ import annotations
