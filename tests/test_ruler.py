@@ -634,3 +634,49 @@ def test_prefill_chunk_on_the_gpu_fits_the_scores():
     assert ev.decoding.prefill_chunk(M, 100) == 4096 and ev.decoding.prefill_chunk(M, 10 ** 6) == 512
     M.xp = np
     assert ev.decoding.prefill_chunk(M, 8192) is None
+
+
+def test_checkpoints_are_parts_that_resume(tmp_path, monkeypatch):
+    """Every CHECKPOINT_EVERY samples the --json file holds the records so far (partial): a run
+    killed after its checkpoint resumes from it to the whole run's answers."""
+    base = _tiny_ruler(tmp_path, monkeypatch)
+    whole, _ = _answers(_run(base + ["--json", tmp_path / "whole.json"]) and tmp_path / "whole.json")
+    monkeypatch.setattr(er.command, "CHECKPOINT_EVERY", 2)
+    seen = []
+    real = er.command.write_checkpoint
+
+    def spy(path, results):
+        real(path, results)
+        seen.append(json.loads(Path(path).read_text()))
+        if len(seen) == 2:
+            raise KeyboardInterrupt                   # killed after its second checkpoint (4 samples)
+    monkeypatch.setattr(er.command, "write_checkpoint", spy)
+    r = CliRunner().invoke(ev.eval_command, [str(a) for a in base + ["--json", tmp_path / "k.json"]])
+    assert r.exit_code != 0 and len(seen) == 2
+    assert [len(c["records"]) for c in seen] == [6, 12] and seen[1]["config"]["partial"] is True
+    assert seen[1]["config"]["samples_pending"] == 2 and not list(tmp_path.glob("k.json.tmp*"))
+    monkeypatch.setattr(er.command, "write_checkpoint", real)
+    _run(base + ["--resume", tmp_path / "k.json", "--json", tmp_path / "k2.json"])
+    got, res = _answers(tmp_path / "k2.json")
+    assert got == whole and "partial" not in res["config"]
+
+
+def test_checkpoint_of_a_resumed_run_keeps_the_earlier_records(tmp_path, monkeypatch):
+    base = _tiny_ruler(tmp_path, monkeypatch)
+    whole, _ = _answers(_run(base + ["--json", tmp_path / "whole.json"]) and tmp_path / "whole.json")
+    _run(base + ["--time-limit", "0", "--json", tmp_path / "p1.json"])              # 1 sample
+    monkeypatch.setattr(er.command, "CHECKPOINT_EVERY", 2)
+    real = er.command.write_checkpoint
+
+    def killed(path, results):
+        real(path, results)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(er.command, "write_checkpoint", killed)
+    CliRunner().invoke(ev.eval_command, [str(a) for a in base + ["--resume", tmp_path / "p1.json", "--json",
+                                                                 tmp_path / "p2.json"]])
+    got, res = _answers(tmp_path / "p2.json")
+    assert len(got) == 9 and res["config"]["partial"] and res["config"]["samples_pending"] == 3
+    assert all(whole[k] == v for k, v in got.items())
+    monkeypatch.setattr(er.command, "write_checkpoint", real)
+    _run(base + ["--resume", tmp_path / "p2.json", "--json", tmp_path / "p3.json"])
+    assert _answers(tmp_path / "p3.json")[0] == whole

@@ -18,7 +18,8 @@ from santa_tools.evaluation.runs import _progress
 from santa_tools.evaluation.settings import DENSE
 from santa_tools.evaluation.ruler.data import _select, data_files, read_jsonl, read_record, write_jsonl
 from santa_tools.evaluation.ruler.generation import _pkg_version, check_package, generate_task, sentence_splitter
-from santa_tools.evaluation.ruler.report import check_same, combine_runs, merge_runs, read_run, write_report
+from santa_tools.evaluation.ruler.report import (CHECKPOINT_EVERY, check_same, combine_runs, merge_runs, read_run,
+                                                write_checkpoint, write_report)
 from santa_tools.evaluation.ruler.runs import Pacer, SettingList, first_round, record_key, run_samples
 from santa_tools.evaluation.ruler.summary import summarize, timings
 from santa_tools.evaluation.ruler.tasks import DATA_SEED, DEFAULT_LENGTHS, DEFAULT_SETTINGS, PACKAGE, STANDARD_TASKS
@@ -160,20 +161,33 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, skip, time
         click.echo(f"--resume {resume_path}: {len(earlier['records'])} records kept, {len(pending)} of "
                    f"{len(samples)} samples left to run", err=True)
     pacer = Pacer(len(pending), first_round(pending), progress_every, time_limit)
+    labels = [s.label for s in settings]
+
+    def make_config(partial: bool) -> dict:
+        return {"model": str(path), "device": dev, "kv_dtype": lm.kv_dtype, "settings": labels,
+                "setting_fields": {s.label: asdict(s) for s in settings}, "seeds": list(seeds),
+                "data": source, "samples_per_task": n_samples,
+                "max_new_tokens": max_new_tokens or "RULER's per task", "full_answers": full_answers,
+                "block_n": block_n, "decoder": "eager" if eager or dev == "cpu" else "graph",
+                "samples_run": pacer.done, "samples_pending": len(pending) - pacer.done,
+                "seconds": round(time.time() - t0, 2), **({"partial": True} if partial else {})}
+
+    def checkpoint(recs):
+        """Every CHECKPOINT_EVERY samples the --json file holds the records so far (and the resumed
+        file's), a part that --resume and --merge take: a run killed from outside loses little."""
+        if json_path and pacer.done % CHECKPOINT_EVERY == 0:
+            part = {"config": make_config(True), "records": list(recs)}
+            if earlier is not None:
+                part = combine_runs([(resume_path, earlier), ("this run", part)])
+                part["config"].update(partial=True, samples_pending=len(pending) - pacer.done)
+            write_checkpoint(json_path, part)
+
     with _progress(len(pending) * len(runs), "eval ruler") as bar:
         records = run_samples(lm, tok, pending, runs, max_new_tokens, full_answers, block_n, bar,
                               log=not sys.stderr.isatty(), time_limit=time_limit, graph=False if eager else None,
                               skip_keys=done_keys, max_samples=first_round(pending) if estimate else None,
-                              pacer=pacer)
-    labels = [s.label for s in settings]
-    config = {"model": str(path), "device": dev, "kv_dtype": lm.kv_dtype, "settings": labels,
-              "setting_fields": {s.label: asdict(s) for s in settings}, "seeds": list(seeds),
-              "data": source, "samples_per_task": n_samples,
-              "max_new_tokens": max_new_tokens or "RULER's per task", "full_answers": full_answers,
-              "block_n": block_n, "decoder": "eager" if eager or dev == "cpu" else "graph",
-              "samples_run": pacer.done, "samples_pending": len(pending) - pacer.done,
-              "seconds": round(time.time() - t0, 2)}
-    results = {"config": config, "summary": summarize(records, labels), "timings": timings(records),
+                              pacer=pacer, checkpoint=checkpoint)
+    results = {"config": make_config(False), "summary": summarize(records, labels), "timings": timings(records),
                "records": records}
     if earlier is not None:
         results = combine_runs([(resume_path, earlier), ("this run", results)])

@@ -132,6 +132,21 @@ def write_report(results: dict, json_path=None, md_path=None, plot_path=None) ->
 
 
 
+CHECKPOINT_EVERY = 10            # samples between two checkpoints of the --json file
+
+
+def write_checkpoint(path, results: dict) -> None:
+    """The results so far into path, atomically (a temporary file, then a rename): a run killed
+    mid-write leaves the previous checkpoint."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or path}: {e.strerror or e}") from None
+
+
 MERGE_SAME = ("model", "kv_dtype", "full_answers", "block_n")
 
 
@@ -165,7 +180,7 @@ def combine_runs(parts) -> dict:
     once (the first; a note on stderr counts them), differing ones are an error."""
     from santa_tools.evaluation.ruler.runs import record_key
     config = dict(parts[0][1]["config"])
-    for k in ("samples_run", "samples_pending"):          # a part's own counts
+    for k in ("samples_run", "samples_pending", "partial"):          # a part's own
         config.pop(k, None)
     seen: dict = {}
     dupes = 0

@@ -146,12 +146,14 @@ def first_round(samples) -> int:
 
 
 def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=None, progress=None,
-                log=False, time_limit=None, graph=None, skip_keys=(), max_samples=None, pacer=None) -> list:
+                log=False, time_limit=None, graph=None, skip_keys=(), max_samples=None, pacer=None,
+                checkpoint=None) -> list:
     """Every sample (dense prefill once) x every (setting, seed) of runs -> per-run records.
     log: one line per sample on stderr; time_limit: seconds after which no sample starts;
     graph: decode through captured steps (GraphDecoders; None: on the GPU); skip_keys: record_key()s
     already run (--resume: left out; a sample with all of them is not even prefilled); max_samples:
-    stop after running this many; pacer: a Pacer told of every sample run."""
+    stop after running this many; pacer: a Pacer told of every sample run; checkpoint(records so
+    far): called after every sample run."""
     stop = set(getattr(tok, "eos_ids", []) or []) | set(np.atleast_1d(model.cfg.eos_token_id).tolist())
     P = int(model.cfg.max_position_embeddings)
     gpu = model.xp is not np
@@ -214,6 +216,8 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
                            f"{mine[0]['prefill_s']:.1f} s; " + "; ".join(map(_run_note, mine)), err=True)
             if pacer is not None:
                 pacer.sample(dec.setup_s - setup0)
+            if checkpoint is not None:
+                checkpoint(out)
     finally:
         dec.close()
     return out
