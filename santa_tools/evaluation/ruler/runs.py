@@ -65,14 +65,6 @@ def cache_capacity(rows: int, positions: int) -> int:
     return max(int(rows), min(int(positions), -(-int(rows) // CAPACITY_STEP) * CAPACITY_STEP))
 
 
-def greedy_answer(model, tok, cache0, first: int, n: int, attention, stop_ids=(), done=None):
-    """Greedy tokens decoded eagerly from a copy of cache0 (decoding.eager_greedy); stops at a stop
-    id, after n tokens, or once done(text so far) is true. -> (tokens, text)."""
-    test = None if done is None else (lambda out: done(tok.decode(out)))
-    out = eager_greedy(model, clone_cache(model, cache0), first, n, attention, stop_ids, test)
-    return out, tok.decode(out)
-
-
 class EagerDecoder:
     """The CPU's decoding (and the GPU's without graphs): a dense prefill per sample, then each
     setting decodes eagerly from a copy of it."""
