@@ -79,7 +79,9 @@ from santa_tools.evaluation.ruler.tasks import DATA_SEED, DEFAULT_LENGTHS, DEFAU
               callback=lambda ctx, param, v: None if v is None else int(v),
               help="SANTA tile size (default: santa_cupy's).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              callback=check_output_path, help="Write all raw results (every prediction) as JSON.")
+              callback=check_output_path,
+              help="Write all raw results (every prediction) as JSON; while running, the records so far "
+                   "every 10 samples (a partial part that --resume and --merge take).")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True), default=None,
               callback=check_output_path, help="Also write the Markdown report to a file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
