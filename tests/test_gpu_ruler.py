@@ -52,8 +52,9 @@ def test_graph_and_eager_give_the_same_answers(tmp_path, full):
 
 def test_graphs_are_reused_and_reset_in_place(tmp_path):
     """One GraphGreedy per (capacity, setting): sample A, then B, then A again on the same graphs
-    gives A's first answers (lengths, host mirror, SANTA and sampler steps, one-pass hints put back);
-    the one-pass hook's step counters advance once a token."""
+    gives A's first answers (prefill rows, lengths, host mirror, SANTA and sampler steps, one-pass
+    hints put back in place); the one-pass hook's step counters advance once a token; decoding the
+    settings side by side (greedy_together) equals decoding each alone."""
     model = _model(tmp_path, "float16")
     tok = CharTok()
     atts = [DENSE.attention(0)] + [er.runs.parse_setting(x).attention(1) for x in
@@ -64,13 +65,18 @@ def test_graphs_are_reused_and_reset_in_place(tmp_path):
         for text in (SAMPLES[0]["input"], SAMPLES[1]["input"], SAMPLES[0]["input"]):
             ids = tok.encode(text)
             dec.prefill(ids[:-1], 64)
-            got.append([dec.answer(a, ids[-1], 10, (), None) for a in atts])
+            got.append([t for t, _ in dec.answers(atts, ids[-1], 10, (), None)])
         assert dec.graphs == len(atts)
         assert got[2] == got[0]
         g1 = dec.by_key[(64, atts[2])]
         assert isinstance(g1.hook, decoding.OnePassLayers)
         assert all(int(p.step.get()[0]) == len(got[2][2]) for p in g1.hook.plans)
-        assert int(g1.graph.plan.step.get()[0]) == len(got[2][2]) and dec.cache.length == len(ids) - 1 + 10
+        assert int(g1.graph.plan.step.get()[0]) == len(got[2][2]) and g1.cache.length == len(ids) - 1 + 10
+        # each setting alone (GraphGreedy.answer on its cache) gives what it gave side by side
+        for a, want in zip(atts, got[2]):
+            g = dec.by_key[(64, a)]
+            decoding.load_prefill(g.cache, dec.cache, len(ids) - 1)
+            assert g.answer(len(ids) - 1, ids[-1], 10) == want
     finally:
         dec.close()
 

@@ -589,8 +589,8 @@ def test_merge_detects_duplicates_with_other_answers(tmp_path):
 
 
 class _EagerGraphGreedy:
-    """GraphGreedy's contract on the CPU (eager steps): the shared cache put back to the prefill's
-    state in place, then greedy decoding on it."""
+    """GraphGreedy's contract on the CPU with eager steps: reset to a prefill of n0 tokens in place,
+    launch (the first token given, then its own sample fed back) and fetch."""
 
     made = []
 
@@ -598,33 +598,67 @@ class _EagerGraphGreedy:
         self.model, self.cache, self.attention = model, cache, attention
         _EagerGraphGreedy.made.append(attention)
 
-    def answer(self, n0, first, n, stop_ids=(), done=None):
+    def reset(self, n0):
         c = self.cache
         c.lengths[...] = n0
         c.length, c.step = n0, 0
         c.lse_hints.clear()                      # the one-pass hints (on the GPU: OnePassLayers.reset)
-        return ev.decoding.eager_greedy(self.model, c, first, n, self.attention, stop_ids, done)
+
+    def launch(self, tokens=None):
+        t = self.t if tokens is None else tokens[0]
+        logits = self.model.decode(np.asarray([t], np.int64), self.cache, self.attention)
+        self.t = ev.decoding.greedy_token(logits[0])
+
+    def fetch(self):
+        return self.t
 
     def close(self):
         pass
 
 
-def test_shared_cache_decoding_equals_clones(tmp_path, monkeypatch):
-    """GraphDecoders' scheme (one cache per capacity, each sample prefilled into it in place, every
-    setting decoding on it after the prefill's rows) gives the clone-per-setting answers: decoding
-    writes only rows after the prefill. One decoder per (capacity, setting, seed), reused."""
+def test_graph_decoders_scheme_equals_clones(tmp_path, monkeypatch):
+    """GraphDecoders' scheme (each sample prefilled once into a cache per capacity, its rows copied
+    in place into every setting's own cache, the settings decoded in lockstep by greedy_together,
+    each stopping on its own) gives the eager clone-per-setting answers, with the early stop too.
+    One decoder per (capacity, setting, seed), reused across samples."""
     from llama_min.model import LlamaModel
     monkeypatch.setattr(er.runs, "GraphGreedy", _EagerGraphGreedy)
     _EagerGraphGreedy.made = []
     model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
-    recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": t, "outputs": ["zzzz"]}
-            for i, t in enumerate(["abc" * 5, "the code is", "x" * 40])]
     runs = [(ev.settings.DENSE, 0)] + [(er.runs.parse_setting(s), seed) for s in
                                       ("systematic/global/S=4", "systematic/one_pass/S=8") for seed in (0, 1)]
-    a = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=True, graph=True)
-    b = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=True, graph=False)
-    assert [(r["pred"], r["new_tokens"]) for r in a] == [(r["pred"], r["new_tokens"]) for r in b]
-    assert len(_EagerGraphGreedy.made) == len(runs)              # the three samples share capacity 64
+    for full, refs in ((True, ["zzzz"]), (False, ["b"]), (False, ["c"])):
+        recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": t, "outputs": refs}
+                for i, t in enumerate(["abc" * 5, "the code is", "x" * 40])]
+        a = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=full, graph=True)
+        b = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=full, graph=False)
+        assert [(r["pred"], r["new_tokens"]) for r in a] == [(r["pred"], r["new_tokens"]) for r in b]
+    assert len(_EagerGraphGreedy.made) == 3 * len(runs)        # per run_samples: the three samples share capacity 64
+
+
+def test_greedy_together_stops_each_decoder_on_its_own():
+    class Fake:
+        def __init__(self, seq):
+            self.seq, self.cache, self.at, self.calls = seq, type("C", (), {"max_len": 100})(), 0, []
+
+        def reset(self, n0):
+            self.at = 0
+
+        def launch(self, tokens=None):
+            self.calls.append(tokens)
+
+        def fetch(self):
+            self.at += 1
+            return self.seq[self.at - 1]
+    decs = [Fake([5, 6, 7, 8, 9]), Fake([5, 2, 7, 7, 7]), Fake([1, 1, 1, 1, 1])]
+    out = ev.decoding.greedy_together(decs, 10, 4, 4, stop_ids={2}, done=lambda toks: sum(toks) >= 3,
+                                      clock=iter(range(100)).__next__)
+    assert [t for t, _ in out] == [[5], [5], [1, 1, 1]]
+    assert [c.calls for c in decs] == [[[4]], [[4]], [[4], None, None]]
+    out = ev.decoding.greedy_together(decs[:2], 10, 4, 4, stop_ids={2})
+    assert [t for t, _ in out] == [[5, 6, 7, 8], [5]]
+    with pytest.raises(ValueError, match="do not fit"):
+        ev.decoding.greedy_together(decs, 90, 4, 11)
 
 
 def test_prefill_chunk_on_the_gpu_fits_the_scores():

@@ -255,6 +255,16 @@ class GraphGreedy:
             return self.graph.step(tokens)[0]
         return greedy_loop(step, first, n, stop_ids, done)
 
+    def launch(self, tokens=None):
+        """One step queued on the graph's own stream (tokens: [first] at the first step, then None:
+        the graph feeds its own sample back); fetch() waits for it and returns the token."""
+        self.graph.replay(tokens)
+
+    def fetch(self) -> int:
+        g = self.graph
+        with g.stream:
+            return int(self.sampler.out.get(stream=g.stream)[0])
+
     def close(self):
         if self.graph is not None:
             self.graph.close()
@@ -265,3 +275,49 @@ class GraphGreedy:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def load_prefill(dst, src, n0: int):
+    """Rows 0 .. n0 - 1 of every layer of cache src copied into cache dst in place (a graph keeps
+    dst's addresses), and dst's lengths (device, in place), length and step those of a prefill of
+    n0 tokens."""
+    for d, s_ in zip(dst.k + dst.v, src.k + src.v):
+        d[:, :n0] = s_[:, :n0]
+    dst.lengths[...] = int(n0)
+    dst.length, dst.step = int(n0), 0
+
+
+def greedy_together(decoders, n0: int, first: int, n: int, stop_ids=(), done=None, clock=None):
+    """GraphGreedy.answer for several decoders at once, in lockstep: each decoder on its own cache
+    holding the same prefill of n0 tokens (load_prefill) and its own stream. Every token, the step of
+    every decoder still going is queued first, then their tokens are read back, so the GPU runs
+    the settings' steps side by side (a small model's step is mostly launch latency); each decoder
+    computes exactly what it would alone. A decoder stops as greedy_loop does (a stop id, n tokens,
+    done(its tokens)). -> [(tokens, seconds from the start to its last token)] in decoders' order."""
+    import time
+    clock = clock or time.perf_counter
+    for d in decoders:
+        if n0 + n > d.cache.max_len:
+            raise ValueError(f"{n0} prefilled + {n} tokens do not fit the cache (max_len {d.cache.max_len})")
+        d.reset(n0)
+    t0 = clock()
+    outs = [[] for _ in decoders]
+    secs = [0.0] * len(decoders)
+    active = list(range(len(decoders)))
+    for step in range(n):
+        if not active:
+            break
+        for i in active:
+            decoders[i].launch([int(first)] if step == 0 else None)
+        going = []
+        for i in active:
+            t = decoders[i].fetch()
+            secs[i] = clock() - t0
+            if t in stop_ids:
+                continue
+            outs[i].append(t)
+            if done is not None and done(outs[i]):
+                continue
+            going.append(i)
+        active = going
+    return list(zip(outs, secs))

@@ -10,7 +10,8 @@ import time
 import click
 import numpy as np
 
-from santa_tools.evaluation.decoding import GraphGreedy, clone_cache, eager_greedy, prefill_chunk, prefilled_cache
+from santa_tools.evaluation.decoding import (GraphGreedy, clone_cache, eager_greedy, greedy_together, load_prefill,
+                                             prefill_chunk, prefilled_cache)
 from santa_tools.evaluation.settings import DENSE, Setting
 from santa_tools.evaluation.ruler.data import prompt_text
 from santa_tools.evaluation.ruler.scoring import score, task_family
@@ -66,10 +67,8 @@ def cache_capacity(rows: int, positions: int) -> int:
 
 
 class EagerDecoder:
-    """The CPU's decoding (and the GPU's without graphs): a dense prefill per sample, then each
-    setting decodes eagerly from a copy of it."""
-
-    graphs = 0
+    """The CPU's decoding (and the GPU's with --eager): a dense prefill per sample, then each
+    setting decodes eagerly from a copy of it, one after the other."""
 
     def __init__(self, model):
         self.model, self.cache0, self.setup_s = model, None, 0.0
@@ -77,19 +76,26 @@ class EagerDecoder:
     def prefill(self, ids, capacity: int):
         self.cache0 = prefilled_cache(self.model, ids, capacity, prefill_chunk(self.model, len(ids)))
 
-    def answer(self, attention, first, n, stop_ids, done):
-        return eager_greedy(self.model, clone_cache(self.model, self.cache0), first, n, attention, stop_ids, done)
+    def answers(self, attentions, first, n, stop_ids, done) -> list:
+        """[(tokens, seconds)] per attention config."""
+        out = []
+        for att in attentions:
+            t = time.perf_counter()
+            toks = eager_greedy(self.model, clone_cache(self.model, self.cache0), first, n, att, stop_ids, done)
+            out.append((toks, time.perf_counter() - t))
+        return out
 
     def close(self):
         self.cache0 = None
 
 
 class GraphDecoders:
-    """The GPU's decoding: one KV cache per capacity (cache_capacity), the sample's dense prefill
-    written into it in place, and one GraphGreedy (a captured decode step ending in the greedy
-    device sampler) per (capacity, setting, seed), captured at its first sample and replayed for
-    every later one; the settings share the cache (they write only rows after the prefill).
-    setup_s: seconds spent capturing (once per graph)."""
+    """The GPU's decoding: the sample's dense prefill into one cache per capacity (cache_capacity),
+    and per (capacity, setting, seed) one GraphGreedy (a captured decode step ending in the greedy
+    device sampler) on a cache of its own, captured at its first sample and replayed for every
+    later one; the prefill's rows are copied into its cache in place (load_prefill) before each
+    sample. The settings of a sample decode side by side (greedy_together: each on its own stream,
+    their steps queued together every token). setup_s: seconds spent capturing."""
 
     def __init__(self, model):
         self.model, self.caches, self.by_key, self.setup_s = model, {}, {}, 0.0
@@ -108,17 +114,23 @@ class GraphDecoders:
         self.model.prefill(np.asarray(ids, np.int64)[None], cache, **({} if chunk is None else {"chunk": chunk}))
         self.cache, self.n0, self.capacity = cache, len(ids), capacity
 
-    def answer(self, attention, first, n, stop_ids, done):
+    def _decoder(self, attention) -> GraphGreedy:
         key = (self.capacity, attention)
         g = self.by_key.get(key)
-        if g is None:
-            t = time.perf_counter()
-            c = self.cache                       # the prefill's state (another setting may have decoded)
-            c.lengths.fill(self.n0)
-            c.length, c.step = self.n0, 0
-            g = self.by_key[key] = GraphGreedy(self.model, c, attention)
-            self.setup_s += time.perf_counter() - t
-        return g.answer(self.n0, first, n, stop_ids, done)
+        if g is not None:
+            load_prefill(g.cache, self.cache, self.n0)
+            return g
+        t = time.perf_counter()
+        c = self.model.new_cache(1, self.capacity)
+        load_prefill(c, self.cache, self.n0)
+        g = self.by_key[key] = GraphGreedy(self.model, c, attention)
+        self.setup_s += time.perf_counter() - t
+        return g
+
+    def answers(self, attentions, first, n, stop_ids, done) -> list:
+        """[(tokens, seconds from the start to that setting's last token)] per attention config."""
+        decs = [self._decoder(a) for a in attentions]
+        return greedy_together(decs, self.n0, first, n, stop_ids, done)
 
     def close(self):
         for g in self.by_key.values():
@@ -188,20 +200,17 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
             done = None if full else (
                 lambda toks, task=rec["task"], refs=refs: score(task, tok.decode(toks), refs) >= 1.0)
             mine = []
-            for st, seed in todo:
-                t = time.perf_counter()
-                toks = dec.answer(st.attention(seed, block_n), ids[-1], n, stop, done)
+            answers = dec.answers([st.attention(seed, block_n) for st, seed in todo], ids[-1], n, stop, done)
+            for (st, seed), (toks, secs) in zip(todo, answers):
                 text = tok.decode(toks)
                 mine.append({"task": rec["task"], "max_seq_length": rec["max_seq_length"], "index": rec["index"],
                              "setting": st.label, "seed": seed, "prompt_tokens": len(ids), "max_new_tokens": n,
                              "new_tokens": len(toks), "pred": text, "outputs": refs,
                              "score": score(rec["task"], text, refs), "prefill_s": round(prefill_s, 3),
-                             "decode_s": round(time.perf_counter() - t, 3)})
+                             "decode_s": round(secs, 3)})
                 prefill_s = 0.0                                    # counted once per sample
-                if progress is not None:
-                    progress.update(1)
-            if progress is not None and len(todo) < len(runs):
-                progress.update(len(runs) - len(todo))
+            if progress is not None:
+                progress.update(len(runs))
             out += mine
             if log:                                    # a log file or pipe: one line per sample
                 click.echo(f"{rec['task']} #{rec['index']} L={rec['max_seq_length']} ({len(ids)} tokens): prefill "
