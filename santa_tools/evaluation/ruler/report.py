@@ -91,8 +91,10 @@ def report_markdown(results: dict) -> str:
     tm = results["timings"]
     rows = [[lab, f"{tm['decode_s_per_sample'].get(lab, 0):.2f}", f"{tm['new_tokens_per_sample'].get(lab, 0):.1f}"]
             for lab in labels]
+    side = (" The settings of a sample decode side by side (captured steps on streams of their own): a "
+            "setting's time runs from their start to its last token.") if c.get("decoder") == "graph" else ""
     parts.append(f"## Time\n\nprefill {tm['prefill_s_per_sample']:.2f} s per sample (once, dense, shared by "
-                 "every setting)\n\n" + markdown_table(["setting", "decode s per sample (per seed)",
+                 "every setting)." + side + "\n\n" + markdown_table(["setting", "decode s per sample (per seed)",
                                                            "new tokens per sample"], rows))
     return "\n\n".join(parts) + "\n"
 
