@@ -18,11 +18,13 @@ the optional extra ``santa-cupy[ruler]``). This package *calls* them; it copies 
 
 Each sample is prefilled once (dense) and every (setting, seed) decodes greedily from that prefill
 (ruler.runs). CPU: eager steps on a copy of the cache, the host's greedy token (decoding.greedy_token:
-ties to the lowest index). GPU: one KV cache per capacity (the sample's rows rounded up to 1024)
-that every setting decodes in after the prefill's rows, and per (capacity, setting, seed) one
-captured decode step ending in the greedy device sampler (decoding.GraphGreedy: the same token
-rule), captured at its first sample and reset in place for every later one; one int32 a token
-comes back, on which the stop ids and the early stop are checked. The one-pass budget runs on the
+ties to the lowest index). GPU: the prefill into one KV cache per capacity (the sample's rows
+rounded up to 1024), and per (capacity, setting, seed) one captured decode step ending in the
+greedy device sampler (decoding.GraphGreedy: the same token rule) on a cache of its own, captured
+at its first sample and reset in place for every later one (the prefill's rows copied in); a
+sample's settings decode side by side (decoding.greedy_together: each on its own stream, their
+steps queued together every token), one int32 a token each coming back, on which the stop ids and
+the early stop are checked. The one-pass budget runs on the
 GPU as a hook with one plan per layer (decoding.OnePassLayers). ``--eager`` decodes eagerly on
 the GPU too (the check path).
 
