@@ -1,6 +1,7 @@
 """Driving the model for an evaluation: device choice, caches (prefill, clone), the attention
 recorder on one model instance, steppers that decode one token with a given attention, the greedy
-token rule, and (GPU) greedy decoders that reuse one captured step across samples (GraphGreedy).
+token rule, and (GPU) greedy decoders that reuse one captured step across samples (GraphGreedy),
+several side by side (greedy_together).
 """
 
 from __future__ import annotations
@@ -216,10 +217,9 @@ class GraphGreedy:
         g = GraphGreedy(model, cache, attention)      # cache prefilled (any sample), batch 1
         toks = g.answer(n0, first, n, stop_ids, done) # after a new prefill of n0 tokens into cache
 
-    Several GraphGreedy can share one cache: decoding writes rows n0, n0 + 1, ... only, never the
-    prefill's rows 0 .. n0 - 1, so every setting decodes from the same prefill with no copy.
-    answer() first puts back, in place (the graph keeps the addresses), the cache's device lengths
-    and host mirror (n0), the SANTA step counter(s) and the sampler's step (0, as after a prefill);
+    answer() (or greedy_together, for several at once) first puts back, in place (the graph keeps
+    the addresses), the cache's device lengths and host mirror (n0), the SANTA step counter(s) and
+    the sampler's step (0, as after a prefill: load_prefill copies a prefill's rows in first);
     then one int32 a token comes back, on which the stop ids and done() are checked."""
 
     def __init__(self, model, cache, attention):
