@@ -417,3 +417,300 @@ def test_cli_generation_lengths_beyond_the_model_fail_before_generating(tmp_path
     path = make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0]
     r = CliRunner().invoke(ev.eval_command, ["ruler", "--model", str(path), "--lengths", "32,128", "--tasks", "vt"])
     assert r.exit_code == 2 and "128 beyond the model's context (64 tokens)" in r.output and not called
+
+
+# ------------------------------------------------------------------------------ greedy rule, capacity, pacing
+
+
+def test_greedy_token_is_the_device_samplers_rule():
+    from llama_min.sampling import SamplerParams, SamplingConfig, sample_reference
+    params = SamplerParams.from_config(SamplingConfig(greedy=True), 5)
+    for row in ([1.0, 3.0, 3.0, 0.0, -1.0], [-0.0, 0.0, -1.0, -2.0, -0.0], [np.inf, 1.0, np.inf, 0.0, 0.0],
+                [-np.inf] * 5, [0.5, np.nan, 0.5, 9.0, 0.0]):
+        row = np.asarray(row, np.float32)
+        want = int(sample_reference(row[None], params, 0)[0])
+        assert ev.decoding.greedy_token(row) == want, row
+    assert ev.decoding.greedy_token(np.array([1, 3, 3, 0], np.float32)) == 1          # ties: lowest index
+    assert ev.decoding.greedy_token(np.array([-0.0, 0.0], np.float32)) == 0            # -0 == +0
+
+
+def test_cache_capacity_rounds_up_within_the_context():
+    cap = er.runs.cache_capacity
+    assert cap(4095, 8192) == 4096 and cap(4096, 8192) == 4096 and cap(4097, 8192) == 5120
+    assert cap(8100, 8192) == 8192 and cap(40, 64) == 64 and cap(64, 64) == 64
+
+
+def test_progress_and_estimate_lines():
+    now = 1764604800.0                                               # 2025-12-01 16:00:00 UTC
+    line = er.runs.progress_line(10, 100, 25.0, setup_s=5.0, now=now)
+    assert line == "progress: 10/100 samples (10%) in 25 s, 2.00 s a sample; ETA 180 s (16:03 UTC)"
+    line = er.runs.progress_line(10, 100, 25.0, setup_s=5.0, time_limit=40, now=now)
+    assert line.endswith("; --time-limit 40: ~8 more in this part")      # starts at 25, 27, ..., 39
+    assert er.runs.progress_line(10, 100, 45.0, time_limit=40, now=now).endswith("~0 more in this part")
+    est = er.runs.estimate_line(26, 1300, 57.0, setup_s=5.0, time_limit=500)
+    assert est.startswith("estimate: 26 samples (one of every task and length) in 57.0 s: 2.00 s a sample "
+                          "(+ 5.0 s of graph capture")
+    assert "all 1300 samples ~2600 s (43.3 min)" in est and "~251 samples a part, 6 parts" in est
+
+
+def test_pacer_prints_the_estimate_then_every_n_samples():
+    t = [0.0]
+    lines = []
+    p = er.runs.Pacer(total=7, first=2, every=3, echo=lines.append, clock=lambda: t[0])
+    for k in range(7):
+        t[0] += 2.0
+        p.sample(setup_s=1.0 if k == 0 else 0.0)
+    assert len(lines) == 3 and lines[0].startswith("estimate: 2 samples") and "1.50 s a sample" in lines[0]
+    assert lines[1].startswith("progress: 3/7 samples") and lines[2].startswith("progress: 6/7 samples")
+    assert p.estimate == lines[0] and p.done == 7
+
+
+def test_first_round_and_record_key():
+    recs = [{"task": t, "max_seq_length": L, "index": i} for i in range(3) for t in ("vt", "qa_1") for L in (64, 128)]
+    assert er.runs.first_round(recs) == 4
+    r = {"task": "vt", "max_seq_length": "64", "index": 2, "setting": "dense", "seed": 0, "pred": "x"}
+    assert er.runs.record_key(r) == ("vt", 64, 2, "dense", 0)
+
+
+# ------------------------------------------------------------------------------ parts: --resume, --merge
+
+
+def _tiny_ruler(tmp_path, monkeypatch, n=3):
+    monkeypatch.setattr("llama_min.tokenizer.Tokenizer", CharTok)
+    (tmp_path / "m").mkdir(exist_ok=True)
+    path = make_tiny(tmp_path / "m", H=4, KVH=2, layers=2, max_pos=64)[0]
+    prompts = ["the magic number is", "what is the code", "third prompt here", "and a fourth one"]
+    data = _write(tmp_path / "niah_single_1.jsonl", [
+        {"index": i, "input": prompts[i], "outputs": ["zzqq"], "length": 25, "max_seq_length": 64}
+        for i in range(n)])
+    data2 = _write(tmp_path / "vt.jsonl", [
+        {"index": i, "input": prompts[-1 - i], "outputs": ["q"], "length": 25, "max_seq_length": 64}
+        for i in range(n)])
+    base = ["ruler", "--model", str(path), "--device", "cpu", "--data", str(data), "--data", str(data2),
+            "--settings", "dense,systematic/global/S=4", "--seeds", "0,1", "--max-new-tokens", "3"]
+    return base
+
+
+def _run(args):
+    r = CliRunner().invoke(ev.eval_command, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def _answers(path):
+    res = json.loads(Path(path).read_text())
+    return {er.runs.record_key(r): (r["pred"], r["new_tokens"], r["score"]) for r in res["records"]}, res
+
+
+def test_resume_after_a_time_limit_gives_the_whole_run(tmp_path, monkeypatch):
+    base = _tiny_ruler(tmp_path, monkeypatch)
+    whole, _ = _answers(_run(base + ["--json", tmp_path / "whole.json"]) and tmp_path / "whole.json")
+    assert len(whole) == 2 * 3 * (1 + 2)
+    # part 1 stops after its first sample (--time-limit 0), part 2 resumes it, part 3 has nothing left
+    r = _run(base + ["--time-limit", "0", "--json", tmp_path / "p1.json"])
+    assert "--time-limit 0 s: 1 samples run" in r.output
+    p1, res1 = _answers(tmp_path / "p1.json")
+    assert len(p1) == 3 and res1["config"]["samples_pending"] == 5 and res1["config"]["samples_run"] == 1
+    r = _run(base + ["--resume", tmp_path / "p1.json", "--json", tmp_path / "p2.json"])
+    assert "--resume" in r.output and "3 records kept, 5 of 6 samples left to run" in r.output
+    p2, res2 = _answers(tmp_path / "p2.json")
+    assert p2 == whole and res2["config"]["samples_pending"] == 0
+    assert res2["config"]["merged_from"] == ["p1.json", "this run"]
+    assert res2["summary"]["lengths"]["64"]["settings"]["dense"]["tasks"]["vt"]["n"] == 3
+    r = _run(base + ["--resume", tmp_path / "p2.json", "--json", tmp_path / "p3.json"])
+    assert "0 of 6 samples left to run" in r.output
+    assert _answers(tmp_path / "p3.json")[0] == whole
+    # a resumed file can resume itself (read before it is written) and merge with its parts: the
+    # duplicates are the same answers, counted once
+    _run(base + ["--resume", tmp_path / "p1.json", "--json", tmp_path / "p1.json"])
+    assert _answers(tmp_path / "p1.json")[0] == whole
+    r = _run(["ruler", "--merge", tmp_path / "p2.json", "--merge", tmp_path / "p3.json", "--merge",
+              tmp_path / "whole.json", "--json", tmp_path / "m.json"])
+    assert "merge: 36 duplicate records (same task, length, sample, setting, seed and answer) counted once" in r.output
+    assert _answers(tmp_path / "m.json")[0] == whole
+
+
+def test_resume_with_a_new_setting_runs_only_that_setting(tmp_path, monkeypatch):
+    base = _tiny_ruler(tmp_path, monkeypatch, n=2)
+    _run(base + ["--json", tmp_path / "a.json"])
+    args = [a if a != "dense,systematic/global/S=4" else "dense,systematic/global/S=4,iid/fixed/S=8" for a in base]
+    r = _run(args + ["--resume", tmp_path / "a.json", "--json", tmp_path / "b.json"])
+    got, res = _answers(tmp_path / "b.json")
+    assert len(got) == 2 * 2 * (1 + 2 + 2)
+    assert res["config"]["settings"] == ["dense", "systematic/global/S=4", "iid/fixed/S=8"]
+    new = [x for x in res["records"] if x["setting"] == "iid/fixed/S=8"]
+    assert len(new) == 8 and "dense" not in r.output.split("--resume")[1].split("\n")[1]
+
+
+def test_resume_refuses_a_different_run_before_running(tmp_path, monkeypatch):
+    base = _tiny_ruler(tmp_path, monkeypatch, n=1)
+    _run(base + ["--json", tmp_path / "a.json"])
+    res = json.loads((tmp_path / "a.json").read_text())
+    res["config"]["kv_dtype"] = "float16"
+    (tmp_path / "b.json").write_text(json.dumps(res))
+    r = CliRunner().invoke(ev.eval_command, [str(a) for a in base + ["--resume", tmp_path / "b.json"]])
+    assert r.exit_code == 1 and "differs in kv_dtype" in r.output and "prefill" not in r.output
+    r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--resume",
+                                             str(tmp_path / "a.json")])
+    assert r.exit_code == 2 and "--resume" in r.output
+    (tmp_path / "c.json").write_text("{}")
+    r = CliRunner().invoke(ev.eval_command, [str(a) for a in base + ["--resume", tmp_path / "c.json"]])
+    assert r.exit_code == 1 and "not the --json output of eval ruler" in r.output
+
+
+def test_estimate_runs_one_sample_of_every_task_and_length(tmp_path, monkeypatch):
+    base = _tiny_ruler(tmp_path, monkeypatch)
+    r = _run(base + ["--estimate", "--time-limit", "100", "--json", tmp_path / "e.json"])
+    got, res = _answers(tmp_path / "e.json")
+    assert {(k[0], k[2]) for k in got} == {("niah_single_1", 0), ("vt", 0)}
+    assert "estimate: 2 samples (one of every task and length)" in r.output and "all 6 samples ~" in r.output
+    assert "--time-limit 100: ~" in r.output and res["config"]["samples_pending"] == 4
+    r = _run(base + ["--resume", tmp_path / "e.json", "--progress-every", "2", "--json", tmp_path / "f.json"])
+    assert "estimate: 2 samples" in r.output and "progress: 4/4" not in r.output
+    assert _answers(tmp_path / "f.json")[0].keys() == _answers(_run(base + ["--json", tmp_path / "w.json"])
+                                                             and tmp_path / "w.json")[0].keys()
+
+
+def test_merge_detects_duplicates_with_other_answers(tmp_path):
+    base = {"model": "m", "device": "cpu", "kv_dtype": "float32", "seeds": [0], "data": "files",
+            "max_new_tokens": 5, "full_answers": False, "block_n": None, "seconds": 2.0,
+            "settings": ["dense"]}
+    rec = dict(_rec("vt", 4096, "dense", 0, 1.0), pred="x")
+    for name, r in (("a", rec), ("b", dict(rec, decode_s=9.0)), ("c", dict(rec, pred="y"))):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": base, "records": [r]}))
+    r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--merge",
+                                             str(tmp_path / "b.json"), "--json", str(tmp_path / "m.json")])
+    assert r.exit_code == 0 and "merge: 1 duplicate record " in r.output          # timings may differ
+    (kept,) = json.loads((tmp_path / "m.json").read_text())["records"]
+    assert kept["decode_s"] == 0.5                                                 # the first one
+    r = CliRunner().invoke(ev.eval_command, ["ruler", "--merge", str(tmp_path / "a.json"), "--merge",
+                                             str(tmp_path / "c.json")])
+    assert r.exit_code == 1 and "('vt', 4096, 0, 'dense', 0) differs from an earlier run's record" in r.output
+
+
+class _EagerGraphGreedy:
+    """GraphGreedy's contract on the CPU with eager steps: reset to a prefill of n0 tokens in place,
+    launch (the first token given, then its own sample fed back) and fetch."""
+
+    made = []
+
+    def __init__(self, model, cache, attention):
+        self.model, self.cache, self.attention = model, cache, attention
+        _EagerGraphGreedy.made.append(attention)
+
+    def reset(self, n0):
+        c = self.cache
+        c.lengths[...] = n0
+        c.length, c.step = n0, 0
+        c.lse_hints.clear()                      # the one-pass hints (on the GPU: OnePassLayers.reset)
+
+    def launch(self, tokens=None):
+        t = self.t if tokens is None else tokens[0]
+        logits = self.model.decode(np.asarray([t], np.int64), self.cache, self.attention)
+        self.t = ev.decoding.greedy_token(logits[0])
+
+    def fetch(self):
+        return self.t
+
+    def close(self):
+        pass
+
+
+def test_graph_decoders_scheme_equals_clones(tmp_path, monkeypatch):
+    """GraphDecoders' scheme (each sample prefilled once into a cache per capacity, its rows copied
+    in place into every setting's own cache, the settings decoded in lockstep by greedy_together,
+    each stopping on its own) gives the eager clone-per-setting answers, with the early stop too.
+    One decoder per (capacity, setting, seed), reused across samples."""
+    from llama_min.model import LlamaModel
+    monkeypatch.setattr(er.runs, "GraphGreedy", _EagerGraphGreedy)
+    _EagerGraphGreedy.made = []
+    model = LlamaModel.from_pretrained(make_tiny(tmp_path, H=4, KVH=2, layers=2, max_pos=64)[0])
+    runs = [(ev.settings.DENSE, 0)] + [(er.runs.parse_setting(s), seed) for s in
+                                      ("systematic/global/S=4", "systematic/one_pass/S=8") for seed in (0, 1)]
+    for full, refs in ((True, ["zzzz"]), (False, ["b"]), (False, ["c"])):
+        recs = [{"task": "vt", "max_seq_length": 64, "index": i, "input": t, "outputs": refs}
+                for i, t in enumerate(["abc" * 5, "the code is", "x" * 40])]
+        a = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=full, graph=True)
+        b = er.runs.run_samples(model, CharTok(), recs, runs, max_new=6, full=full, graph=False)
+        assert [(r["pred"], r["new_tokens"]) for r in a] == [(r["pred"], r["new_tokens"]) for r in b]
+    assert len(_EagerGraphGreedy.made) == 3 * len(runs)        # per run_samples: the three samples share capacity 64
+
+
+def test_greedy_together_stops_each_decoder_on_its_own():
+    class Fake:
+        def __init__(self, seq):
+            self.seq, self.cache, self.at, self.calls = seq, type("C", (), {"max_len": 100})(), 0, []
+
+        def reset(self, n0):
+            self.at = 0
+
+        def launch(self, tokens=None):
+            self.calls.append(tokens)
+
+        def fetch(self):
+            self.at += 1
+            return self.seq[self.at - 1]
+    decs = [Fake([5, 6, 7, 8, 9]), Fake([5, 2, 7, 7, 7]), Fake([1, 1, 1, 1, 1])]
+    out = ev.decoding.greedy_together(decs, 10, 4, 4, stop_ids={2}, done=lambda toks: sum(toks) >= 3,
+                                      clock=iter(range(100)).__next__)
+    assert [t for t, _ in out] == [[5], [5], [1, 1, 1]]
+    assert [c.calls for c in decs] == [[[4]], [[4]], [[4], None, None]]
+    out = ev.decoding.greedy_together(decs[:2], 10, 4, 4, stop_ids={2})
+    assert [t for t, _ in out] == [[5, 6, 7, 8], [5]]
+    with pytest.raises(ValueError, match="do not fit"):
+        ev.decoding.greedy_together(decs, 90, 4, 11)
+
+
+def test_prefill_chunk_on_the_gpu_fits_the_scores():
+    class M:
+        H, xp = 9, object()
+    assert ev.decoding.prefill_chunk(M, 8192) == 2048 and ev.decoding.prefill_chunk(M, 4096) == 4096
+    assert ev.decoding.prefill_chunk(M, 100) == 4096 and ev.decoding.prefill_chunk(M, 10 ** 6) == 512
+    M.xp = np
+    assert ev.decoding.prefill_chunk(M, 8192) is None
+
+
+def test_checkpoints_are_parts_that_resume(tmp_path, monkeypatch):
+    """Every CHECKPOINT_EVERY samples the --json file holds the records so far (partial): a run
+    killed after its checkpoint resumes from it to the whole run's answers."""
+    base = _tiny_ruler(tmp_path, monkeypatch)
+    whole, _ = _answers(_run(base + ["--json", tmp_path / "whole.json"]) and tmp_path / "whole.json")
+    monkeypatch.setattr(er.command, "CHECKPOINT_EVERY", 2)
+    seen = []
+    real = er.command.write_checkpoint
+
+    def spy(path, results):
+        real(path, results)
+        seen.append(json.loads(Path(path).read_text()))
+        if len(seen) == 2:
+            raise KeyboardInterrupt                   # killed after its second checkpoint (4 samples)
+    monkeypatch.setattr(er.command, "write_checkpoint", spy)
+    r = CliRunner().invoke(ev.eval_command, [str(a) for a in base + ["--json", tmp_path / "k.json"]])
+    assert r.exit_code != 0 and len(seen) == 2
+    assert [len(c["records"]) for c in seen] == [6, 12] and seen[1]["config"]["partial"] is True
+    assert seen[1]["config"]["samples_pending"] == 2 and not list(tmp_path.glob("k.json.tmp*"))
+    monkeypatch.setattr(er.command, "write_checkpoint", real)
+    _run(base + ["--resume", tmp_path / "k.json", "--json", tmp_path / "k2.json"])
+    got, res = _answers(tmp_path / "k2.json")
+    assert got == whole and "partial" not in res["config"]
+
+
+def test_checkpoint_of_a_resumed_run_keeps_the_earlier_records(tmp_path, monkeypatch):
+    base = _tiny_ruler(tmp_path, monkeypatch)
+    whole, _ = _answers(_run(base + ["--json", tmp_path / "whole.json"]) and tmp_path / "whole.json")
+    _run(base + ["--time-limit", "0", "--json", tmp_path / "p1.json"])              # 1 sample
+    monkeypatch.setattr(er.command, "CHECKPOINT_EVERY", 2)
+    real = er.command.write_checkpoint
+
+    def killed(path, results):
+        real(path, results)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(er.command, "write_checkpoint", killed)
+    CliRunner().invoke(ev.eval_command, [str(a) for a in base + ["--resume", tmp_path / "p1.json", "--json",
+                                                                 tmp_path / "p2.json"]])
+    got, res = _answers(tmp_path / "p2.json")
+    assert len(got) == 9 and res["config"]["partial"] and res["config"]["samples_pending"] == 3
+    assert all(whole[k] == v for k, v in got.items())
+    monkeypatch.setattr(er.command, "write_checkpoint", real)
+    _run(base + ["--resume", tmp_path / "p2.json", "--json", tmp_path / "p3.json"])
+    assert _answers(tmp_path / "p3.json")[0] == whole

@@ -16,8 +16,24 @@ the optional extra ``santa-cupy[ruler]``). This package *calls* them; it copies 
 - ``--data FILE.jsonl[.gz] ...``: jsonl files RULER produced (``index``, ``input``, ``outputs``,
   ``length``, optionally ``answer_prefix``; plain, .gz or .xz); no package needed.
 
-Each sample is prefilled once (dense) and every (setting, seed) decodes greedily from a copy of that
-cache (santa_tools.evaluation.decoding's prefilled_cache / clone_cache / make_stepper: on the GPU the captured decode step).
+Each sample is prefilled once (dense) and every (setting, seed) decodes greedily from that prefill
+(ruler.runs). CPU: eager steps on a copy of the cache, the host's greedy token (decoding.greedy_token:
+ties to the lowest index). GPU: the prefill into one KV cache per capacity (the sample's rows
+rounded up to 1024), and per (capacity, setting, seed) one captured decode step ending in the
+greedy device sampler (decoding.GraphGreedy: the same token rule) on a cache of its own, captured
+at its first sample and reset in place for every later one (the prefill's rows copied in); a
+sample's settings decode side by side (decoding.greedy_together: each on its own stream, their
+steps queued together every token), one int32 a token each coming back, on which the stop ids and
+the early stop are checked. The one-pass budget runs on the
+GPU as a hook with one plan per layer (decoding.OnePassLayers). ``--eager`` decodes eagerly on
+the GPU too (the check path).
+
+Runs split into parts: ``--time-limit`` stops before the next sample, ``--resume FILE.json`` keeps
+an earlier run's records and runs only the (task, length, sample, setting, seed) it lacks, writing
+both; ``--merge`` joins parts (identical duplicates once, differing ones an error). ``--estimate``
+runs one sample of every task and length and prints the time a sample and the parts a run needs;
+a progress line with the ETA comes every ``--progress-every`` samples.
+
 The prompt is the record's ``input`` as it is (RULER's ``base`` template: no chat template); the
 answer prefix is appended when the record carries one its input does not already end with.
 
@@ -29,7 +45,8 @@ the task's token count): the scores are those of the full-length decode (``--ful
 decodes every token anyway).
 
 Modules: tasks (names and defaults), scoring, data (jsonl files), generation (the package),
-runs (settings and greedy answers), summary (statistics), report, command (``eval ruler``).
+runs (settings, the decoders, greedy answers, pacing), summary (statistics), report, command
+(``eval ruler``).
 """
 
 from santa_tools.evaluation.ruler.command import eval_ruler  # noqa: F401

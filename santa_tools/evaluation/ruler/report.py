@@ -91,8 +91,10 @@ def report_markdown(results: dict) -> str:
     tm = results["timings"]
     rows = [[lab, f"{tm['decode_s_per_sample'].get(lab, 0):.2f}", f"{tm['new_tokens_per_sample'].get(lab, 0):.1f}"]
             for lab in labels]
+    side = (" The settings of a sample decode side by side (captured steps on streams of their own): a "
+            "setting's time runs from their start to its last token.") if c.get("decoder") == "graph" else ""
     parts.append(f"## Time\n\nprefill {tm['prefill_s_per_sample']:.2f} s per sample (once, dense, shared by "
-                 "every setting)\n\n" + markdown_table(["setting", "decode s per sample (per seed)",
+                 "every setting)." + side + "\n\n" + markdown_table(["setting", "decode s per sample (per seed)",
                                                            "new tokens per sample"], rows))
     return "\n\n".join(parts) + "\n"
 
@@ -132,44 +134,85 @@ def write_report(results: dict, json_path=None, md_path=None, plot_path=None) ->
 
 
 
+CHECKPOINT_EVERY = 10            # samples between two checkpoints of the --json file
+
+
+def write_checkpoint(path, results: dict) -> None:
+    """The results so far into path, atomically (a temporary file, then a rename): a run killed
+    mid-write leaves the previous checkpoint."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or path}: {e.strerror or e}") from None
+
+
 MERGE_SAME = ("model", "kv_dtype", "full_answers", "block_n")
 
 
-def merge_runs(paths) -> dict:
-    """One results dict from the --json files of several runs (e.g. one per length or task group):
-    records united (a record of the same task, length, index, setting and seed must be identical),
-    settings and seeds united in first-seen order, the summary recomputed."""
-    parts = []
-    for p in paths:
-        try:
-            with open(p, encoding="utf-8") as f:
-                part = json.load(f)
-        except (OSError, ValueError) as e:
-            raise click.ClickException(f"cannot read {p}: {e}") from None
-        if not isinstance(part, dict) or not isinstance(part.get("records"), list) or "config" not in part:
-            raise click.ClickException(f"{p} is not the --json output of eval ruler (no 'records')")
-        parts.append((p, part))
+def read_run(path) -> dict:
+    """The results dict of an eval ruler --json file (a ClickException if it is not one)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            part = json.load(f)
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"cannot read {path}: {e}") from None
+    if not isinstance(part, dict) or not isinstance(part.get("records"), list) or "config" not in part:
+        raise click.ClickException(f"{path} is not the --json output of eval ruler (no 'records')")
+    return part
+
+
+def check_same(name, config: dict, other: dict) -> None:
+    """Runs can be joined only with the same model, KV dtype, early stop and tile size (MERGE_SAME)."""
+    for k in MERGE_SAME:
+        if other.get(k) != config.get(k):
+            raise click.ClickException(f"{name} differs in {k}: {other.get(k)!r} != {config.get(k)!r}")
+
+
+def _answer(r: dict) -> dict:
+    return {k: v for k, v in r.items() if not k.endswith("_s")}      # timings may differ
+
+
+def combine_runs(parts) -> dict:
+    """One results dict from [(name, results dict)]: the records united, settings and seeds united
+    in first-seen order, the summary recomputed. Records with the same record_key (task, length,
+    sample index, setting, seed) are duplicates: identical ones but for their timings are kept
+    once (the first; a note on stderr counts them), differing ones are an error."""
+    from santa_tools.evaluation.ruler.runs import record_key
     config = dict(parts[0][1]["config"])
+    for k in ("samples_run", "samples_pending", "partial"):          # a part's own
+        config.pop(k, None)
     seen: dict = {}
-    for p, part in parts:
+    dupes = 0
+    for name, part in parts:
         c = part["config"]
-        for k in MERGE_SAME:
-            if c.get(k) != config.get(k):
-                raise click.ClickException(f"{p} differs in {k}: {c.get(k)!r} != {config.get(k)!r}")
+        check_same(name, config, c)
         for k in ("settings", "seeds"):
             config[k] = list(dict.fromkeys(list(config[k]) + list(c[k])))
         config.setdefault("setting_fields", {}).update(c.get("setting_fields", {}))
         for r in part["records"]:
-            key = (r["task"], int(r["max_seq_length"]), r["index"], r["setting"], r["seed"])
-            if key in seen and {k: v for k, v in seen[key].items() if not k.endswith("_s")} != \
-                    {k: v for k, v in r.items() if not k.endswith("_s")}:
-                raise click.ClickException(f"{p}: {key} differs from an earlier run's record")
+            key = record_key(r)
+            if key in seen:
+                if _answer(seen[key]) != _answer(r):
+                    raise click.ClickException(f"{name}: {key} differs from an earlier run's record")
+                dupes += 1
+                continue
             seen[key] = r
+    if dupes:
+        click.echo(f"merge: {dupes} duplicate record{'s' if dupes != 1 else ''} (same task, length, sample, "
+                   "setting, seed and answer) counted once", err=True)
     records = list(seen.values())
     config["seconds"] = round(sum(part["config"].get("seconds", 0) for _, part in parts), 2)
-    config["merged_from"] = [os.path.basename(p) for p, _ in parts]
+    config["merged_from"] = [os.path.basename(str(p)) for p, _ in parts]
     if len({part["config"]["data"] for _, part in parts}) > 1:
         config["data"] = "; ".join(dict.fromkeys(part["config"]["data"] for _, part in parts))
     return {"config": config, "summary": summarize(records, config["settings"]), "timings": timings(records),
             "records": records}
 
+
+def merge_runs(paths) -> dict:
+    """One results dict from the --json files of several runs (parts split by task, length, setting,
+    --skip / --samples, --time-limit, or --resume): combine_runs of the files."""
+    return combine_runs([(p, read_run(p)) for p in paths])
