@@ -112,9 +112,16 @@ def record(make_plan, log):
     return out
 
 
+PER_PLAN = ("dtype", "scale", "step")          # DecodePlan's own keywords among GRID's setting keywords
+
+
 def make_plan(shape, setting, choice, page_size, layout):
-    from santa_cupy import DecodePlan
-    return DecodePlan(**shape, **setting, **choice, page_size=page_size, page_layout=layout)
+    from santa_cupy import AttentionSetting, DecodePlan
+    from santa_cupy.kernel_choice import KernelChoice
+    own = {k: v for k, v in setting.items() if k in PER_PLAN}
+    fields = {k: v for k, v in setting.items() if k not in PER_PLAN}
+    return DecodePlan(**shape, **own, setting=AttentionSetting(**fields), page_size=page_size, page_layout=layout,
+                      _kernels=KernelChoice(**choice))
 
 
 def _main():
