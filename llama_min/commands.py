@@ -143,7 +143,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     """Generate text with a Llama-architecture model, dense or SANTA decode attention."""
     from llama_min import generation_config, progress, threads
     from llama_min.generate import SamplingConfig, generate as run_generate
-    from llama_min.model import AttentionConfig, LlamaModel
+    from llama_min.model import AttentionSetting, LlamaModel
     from llama_min.models import resolve_model
     from llama_min.tokenizer import Tokenizer
 
@@ -153,7 +153,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     sampling_opts = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
     if greedy and sampling_opts:
         raise click.UsageError(f"--greedy conflicts with --{next(iter(sampling_opts)).replace('_', '-')}")
-    attention = AttentionConfig(method=method, samples=samples, sampler=sampler, budget=budget, seed=seed)
+    attention = AttentionSetting(method=method, samples=samples, sampler=sampler, budget=budget, seed=seed)
     device = _pick_device(device)
     if cuda_graph and device != "gpu":
         raise click.UsageError("--cuda-graph needs --device gpu")

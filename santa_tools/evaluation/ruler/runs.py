@@ -4,39 +4,32 @@ dense prefill per sample.
 
 from __future__ import annotations
 
-import re
 import time
 
 import click
 import numpy as np
 
+from santa_cupy.setting import AttentionSetting
 from santa_tools.evaluation.decoding import clone_cache, make_stepper, prefilled_cache
-from santa_tools.evaluation.settings import DENSE, Setting
+from santa_tools.evaluation.settings import DENSE, run_setting
 from santa_tools.evaluation.ruler.data import prompt_text
 from santa_tools.evaluation.ruler.scoring import score, task_family
 from santa_tools.evaluation.ruler.tasks import TOKENS_TO_GENERATE
 
 
-def parse_setting(label: str) -> Setting:
-    """'dense' or Setting's label 'sampler/budget/S=N' (e.g. systematic/global/S=256)."""
-    from santa_cupy import spec
-    label = label.strip()
-    if label == "dense":
+def parse_setting(label: str) -> AttentionSetting:
+    """'dense' or a setting's name 'sampler/budget/S=N' (e.g. systematic/global/S=256):
+    santa_cupy.AttentionSetting.parse, the seeds and tile size being options of their own."""
+    try:
+        setting = AttentionSetting.parse(label)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--settings'") from None
+    if setting == DENSE:
         return DENSE
-    m = re.fullmatch(r"([a-z_]+)/([a-z_]+)/S=(\d+)", label)
-    if not m:
-        raise click.BadParameter(f"{label!r} is not 'dense' or sampler/budget/S=N "
-                                 "(e.g. systematic/global/S=256)", param_hint="'--settings'")
-    sampler, budget, S = m.group(1), m.group(2), int(m.group(3))
-    if sampler not in spec.SAMPLERS or budget not in spec.DECODE_BUDGETS:
-        raise click.BadParameter(f"{label!r}: sampler one of {spec.SAMPLERS}, budget one of "
-                                 f"{spec.DECODE_BUDGETS}", param_hint="'--settings'")
-    if not 1 <= S <= spec.MAX_SAMPLES:
-        raise click.BadParameter(f"{label!r}: S must be in 1..{spec.MAX_SAMPLES}", param_hint="'--settings'")
-    if budget == spec.ONE_PASS and sampler != "systematic":
-        raise click.BadParameter(f"{label!r}: the one-pass budget draws systematically (sampler "
-                                 "systematic)", param_hint="'--settings'")
-    return Setting("santa", sampler, budget, S)
+    if str(setting).count("/") != 2 or setting.method != "santa":
+        raise click.BadParameter(f"{label!r} is not 'dense' or sampler/budget/S=N (e.g. systematic/global/S=256; "
+                                 "the seeds are --seeds)", param_hint="'--settings'")
+    return setting
 
 
 class SettingList(click.ParamType):
@@ -99,7 +92,7 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
         done = None if full else (lambda text, task=rec["task"], refs=refs: score(task, text, refs) >= 1.0)
         for st, seed in runs:
             t = time.perf_counter()
-            toks, text = greedy_answer(model, tok, cache0, ids[-1], n, st.attention(seed, block_n), stop, done)
+            toks, text = greedy_answer(model, tok, cache0, ids[-1], n, run_setting(st, seed, block_n), stop, done)
             out.append({"task": rec["task"], "max_seq_length": rec["max_seq_length"], "index": rec["index"],
                         "setting": st.label, "seed": seed, "prompt_tokens": len(ids), "max_new_tokens": n,
                         "new_tokens": len(toks), "pred": text, "outputs": refs,
