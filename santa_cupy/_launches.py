@@ -8,7 +8,7 @@ last four arguments (DecodePlan._page_args). Nothing here allocates or syncs wit
 
 from __future__ import annotations
 
-from santa_cupy import interop, kernels
+from santa_cupy import interop, kernels, spec
 
 MAX_GRID_Y = 65535                   # CUDA's grid y limit: the (sequence, split) pairs or runs a KV head
 
@@ -21,9 +21,12 @@ class _PlanLaunches:
         kernels.launch(kernel, grid, args, shared_mem, threads, programmatic=self._programmatic)
 
     def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0, block_table=None):
-        """{stage name: zero-argument callable launching just that stage} in pipeline order, for
-        timing stages one by one (bench stages). Each reads what the previous stages of the last
-        full ``run`` left in the workspaces, so call ``run`` once first."""
+        """The pipeline's stages one by one, for timing them (bench stages).
+
+        Parameters: q, k_cache, v_cache, lengths, layer, block_table as for ``run``.
+        Returns: {stage name: a zero-argument callable launching just that stage}, in pipeline
+        order. Each stage reads what the previous stages of the last full ``run`` left in the
+        workspaces, so call ``run`` once first; outputs go to the plan's own buffers."""
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         pages = self._page_args(block_table, k_cache)
         lengths = self._int32_lengths(lengths)
@@ -160,3 +163,54 @@ class _PlanLaunches:
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
                         i32(split_target), i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread,
                         i32(self.santa_from if self.method == "santa" else 0)), threads=kernels.MERGE_THREADS)
+
+    # ---- the launches' arguments ---------------------------------------------------------------
+    def _page_args(self, block_table, k_cache):
+        """The kernels' last four arguments (block_table, page_size, table_stride, page_hnd); page_size
+        0 and a placeholder table for a contiguous plan."""
+        import cupy
+
+        if self.page_size is None:
+            if block_table is not None:
+                raise ValueError("block_table is for a plan made with page_size (a paged cache); this plan's cache "
+                                 "is contiguous [B, L_max, KVH, D]")
+            return (self._no_table, kernels.i32(0), kernels.i32(0), kernels.i32(0))
+        block_table = interop.as_array(block_table, "block_table")
+        if not isinstance(block_table, cupy.ndarray) or block_table.dtype != cupy.int32 or block_table.ndim != 2 \
+                or block_table.shape[0] != self.B or not block_table.flags.c_contiguous:
+            raise ValueError(f"block_table must be a C-contiguous cupy int32 array [B={self.B}, max_pages] (this plan "
+                             f"has page_size {self.page_size}), got {spec.describe(block_table)}")
+        return (block_table, kernels.i32(self.page_size), kernels.i32(block_table.shape[1]),
+                kernels.i32(self.page_layout == "HND"))
+
+    def _output(self, out):
+        """The plan's own output buffer, or a caller's after checking it can take o [B, H, D]."""
+        if out is None:
+            return self.out
+        out = interop.as_out(out)            # torch / JAX GPU arrays: a zero-copy CuPy view
+        if not spec.is_cupy_array(out) or out.shape != self.out.shape or out.dtype != self.out.dtype \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous cupy array of shape {self.out.shape} and dtype "
+                             f"{self.out.dtype}, got {spec.describe(out)}")
+        return out
+
+    def _lse_hint(self, lse_hint):
+        import cupy
+
+        if lse_hint is None:
+            return self.lse
+        if not isinstance(lse_hint, cupy.ndarray) or lse_hint.dtype != cupy.float32 or \
+                lse_hint.shape != (self.B, self.H) or not lse_hint.flags.c_contiguous:
+            raise ValueError(f"lse_hint must be a C-contiguous cupy float32 array of shape {(self.B, self.H)}, "
+                             f"got {spec.describe(lse_hint)}")
+        return lse_hint
+
+    def _int32_lengths(self, lengths):
+        import cupy
+
+        if lengths.dtype == cupy.int32:
+            return lengths
+        if self._lengths is None:
+            self._lengths = cupy.empty((self.B,), cupy.int32)
+        self._lengths[...] = lengths        # a device-side cast, no host sync
+        return self._lengths

@@ -106,6 +106,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
 
 
 def roles() -> tuple[str, ...]:
+    """The module roles: "dense", then "santa<BN>" for every block_n of spec.BLOCK_NS."""
     return ("dense",) + tuple(f"santa{bn}" for bn in spec.BLOCK_NS)
 
 
@@ -122,6 +123,7 @@ def _round16(n: int) -> int:
 
 
 def row_groups(head_dim: int) -> int:
+    """Rows a 128-thread block streams at once at this head_dim (CHUNK elements a thread)."""
     return THREADS // (head_dim // CHUNK)
 
 
@@ -184,6 +186,7 @@ def one_pass_smem_bytes(block_n, group, head_dim, dtype_name="bfloat16") -> int:
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
+    """santa_tile's dynamic shared memory (the layout documented in santa_tile.cu)."""
     rg = row_groups(head_dim)
     n = 4 * (2 * group * block_n + rg * group * head_dim + rg * group + block_n + 4 + 2 * group)
     return _round16(n) + _round16(group * HEAD_DRAW_BYTES)

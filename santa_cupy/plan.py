@@ -291,22 +291,39 @@ class DecodePlan(_PlanLaunches):
     @interop.accepts_stream
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None,
             block_table=None):
-        """o [B, H, D] for this step (written into ``out`` or the plan's own buffer).
+        """One decode step: o for every sequence and head.
 
-        A plan with ``page_size`` takes page pools k_cache, v_cache ([num_pages, page_size, KVH, D]
-        for page_layout "NHD", [num_pages, KVH, page_size, D] for "HND") and ``block_table``
-        [B, max_pages] int32 (C-contiguous, on the device): row j of sequence b is slot
-        j % page_size of page block_table[b, j // page_size]; lengths <= max_length. ``validate``
-        checks the table too (a host sync: page ids in range, enough pages for each length; a
-        ValueError names block_table and the first bad entry); without it a bad table reads
-        wrong memory.
+        Parameters
+        ----------
+        q : [B, H, D] of the plan's dtype, C-contiguous (CuPy, or any zero-copy GPU array)
+        k_cache, v_cache : [B, L_max, KVH, D] of the plan's dtype, C-contiguous
+            A plan with ``page_size``: page pools [num_pages, page_size, KVH, D] (page_layout
+            "NHD") or [num_pages, KVH, page_size, D] ("HND").
+        lengths : [B] integer (int32 avoids a device-side cast), 0..L_max
+            A sequence of length 0 gets o = 0, lse = -inf, spread = 0, rows_read = 0.
+        layer : int
+            The RNG's layer key (one plan serves every layer of a model).
+        out : [B, H, D] of the plan's dtype, C-contiguous, or None
+            Where o goes; None: the plan's own ``out`` (overwritten by the next run).
+        validate : bool
+            Check the inputs' shapes and dtypes against the plan's (no data read) and a paged
+            plan's block table (a host sync: page ids in range, enough pages for each length; a
+            ValueError names block_table and its first bad entry). Without it a bad table reads
+            wrong memory.
+        lse_hint : [B, H] float32 CuPy array, or None
+            Budget "one_pass" only: the normaliser guess r, any deterministic function of the
+            inputs (e.g. this layer's ``info().lse`` of the previous step); None: the plan's own
+            lse of its previous run (NaN before the first: the exact output). About
+            ``samples * exp(lse - r)`` rows are read per head.
+        block_table : [B, max_pages] int32 CuPy array, C-contiguous (paged plans only)
+            Row j of sequence b is slot j % page_size of page block_table[b, j // page_size].
 
-        A sequence of length 0 gets o = 0, lse = -inf, spread = 0, rows_read = 0 on every route; NaN
-        or inf in q or K makes that sequence's heads (of the KV group) NaN.
-        lse_hint (budget "one_pass" only): the normaliser guess r [B, H] float32 (a CuPy array), any
-        deterministic function of the inputs (e.g. this layer's lse at the previous step,
-        ``info().lse``); None: the plan's own lse of its previous call (NaN before the first: the
-        exact output). About ``samples * exp(lse - r)`` rows are read per head."""
+        Returns
+        -------
+        o : [B, H, D] of the plan's dtype
+            ``out`` or the plan's buffer; lse, spread and rows_read are in the plan's buffers
+            (``info()``). NaN or inf in q or K makes that sequence's heads (of the KV group) NaN.
+        """
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         pages = self._page_args(block_table, k_cache)
         if validate:
@@ -360,45 +377,26 @@ class DecodePlan(_PlanLaunches):
                 raise ValueError(f"k_cache pages hold {page_size} rows, the plan's page_size is {self.page_size}")
             paged.validate_block_table(block_table, lengths, num_pages, page_size, self.L_max)
 
-    def _page_args(self, block_table, k_cache):
-        """The kernels' last four arguments (block_table, page_size, table_stride, page_hnd); page_size
-        0 and a placeholder table for a contiguous plan."""
-        import cupy
-
-        if self.page_size is None:
-            if block_table is not None:
-                raise ValueError("block_table is for a plan made with page_size (a paged cache); this plan's cache "
-                                 "is contiguous [B, L_max, KVH, D]")
-            return (self._no_table, kernels.i32(0), kernels.i32(0), kernels.i32(0))
-        block_table = interop.as_array(block_table, "block_table")
-        if not isinstance(block_table, cupy.ndarray) or block_table.dtype != cupy.int32 or block_table.ndim != 2 \
-                or block_table.shape[0] != self.B or not block_table.flags.c_contiguous:
-            raise ValueError(f"block_table must be a C-contiguous cupy int32 array [B={self.B}, max_pages] (this plan "
-                             f"has page_size {self.page_size}), got {spec.describe(block_table)}")
-        return (block_table, kernels.i32(self.page_size), kernels.i32(block_table.shape[1]),
-                kernels.i32(self.page_layout == "HND"))
-
-    def _output(self, out):
-        """The plan's own output buffer, or a caller's after checking it can take o [B, H, D]."""
-        if out is None:
-            return self.out
-        out = interop.as_out(out)            # torch / JAX GPU arrays: a zero-copy CuPy view
-        if not spec.is_cupy_array(out) or out.shape != self.out.shape or out.dtype != self.out.dtype \
-                or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous cupy array of shape {self.out.shape} and dtype "
-                             f"{self.out.dtype}, got {spec.describe(out)}")
-        return out
-
     def _no_counts_for_one_pass(self, what):
         if self.one_pass:
             raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
 
     @interop.accepts_stream
     def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None):
-        """The gather-add and merge stages alone: o from given sample counts [B, H, L_max] int32.
+        """The gather-add and merge stages alone: o from given sample counts.
 
-        For the global / largest_remainder budgets o = (1/S) sum_j c_j V_j; for fixed the tile-weighted
-        form with S_t = max(1, S // T). Counts past a sequence's length are ignored.
+        Parameters
+        ----------
+        q, k_cache, v_cache, lengths, block_table : as for ``run``
+        counts : [B, H, L_max] int32 CuPy array, C-contiguous
+            Samples of each row; those past a sequence's length are ignored.
+        out : [B, H, D] of the plan's dtype, or None (the plan's buffer)
+
+        Returns
+        -------
+        o : [B, H, D] of the plan's dtype
+            For the global / largest_remainder budgets o = (1/S) sum_j c_j V_j; for fixed the
+            tile-weighted form with S_t = max(1, S // T). Not for budget one_pass.
         """
         import cupy
 
@@ -421,35 +419,17 @@ class DecodePlan(_PlanLaunches):
                     self.block_n)
         return out
 
-    def _lse_hint(self, lse_hint):
-        import cupy
-
-        if lse_hint is None:
-            return self.lse
-        if not isinstance(lse_hint, cupy.ndarray) or lse_hint.dtype != cupy.float32 or \
-                lse_hint.shape != (self.B, self.H) or not lse_hint.flags.c_contiguous:
-            raise ValueError(f"lse_hint must be a C-contiguous cupy float32 array of shape {(self.B, self.H)}, "
-                             f"got {spec.describe(lse_hint)}")
-        return lse_hint
-
-    def _int32_lengths(self, lengths):
-        import cupy
-
-        if lengths.dtype == cupy.int32:
-            return lengths
-        if self._lengths is None:
-            self._lengths = cupy.empty((self.B,), cupy.int32)
-        self._lengths[...] = lengths        # a device-side cast, no host sync
-        return self._lengths
-
     @interop.accepts_stream
     def advance(self, n=1):
-        """Advance the device step counter (capturable: a graph ending with this draws new samples)."""
+        """Add ``n`` to the device step counter ``step`` ([1] int64), on the device: capturable, so
+        a CUDA graph ending with this draws new samples on every replay."""
         for _ in range(n):
             self._launch(self.kernels.advance, (1,), (self.step,), threads=1)
 
     def info(self) -> AttentionInfo:
-        """Diagnostics of the last run (views of the plan's buffers)."""
+        """Diagnostics of the last run: an AttentionInfo of views of the plan's buffers (lse,
+        spread [B, H] float32, rows_read [B, KVH] int32, dense_fallback [B] bool, samples_drawn
+        [B, H] int32 or None), overwritten by the next run; counts is None (``sample_counts``)."""
         if self.method == "dense":
             import cupy
             rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
@@ -460,9 +440,12 @@ class DecodePlan(_PlanLaunches):
 
     @interop.accepts_stream
     def sample_counts(self, q, k_cache, lengths, *, layer=0, block_table=None):
-        """Counts [B, H, L_max] int32 from the standalone sample stage (rows past a length are 0).
+        """The sample counts of the standalone sample stage.
 
-        Re-runs the score stage, so the stash and stats match the last ``run`` for the same inputs.
+        Parameters: q, k_cache, lengths, layer, block_table as for ``run``.
+        Returns: counts [B, H, L_max] int32, a new CuPy array (rows past a length are 0). Re-runs
+        the score stage, so the stash and stats match the last ``run`` for the same inputs. Not
+        for budget one_pass.
         """
         import cupy
 

@@ -121,11 +121,13 @@ def describe(x) -> str:
 
 
 def check_choice(name, value, choices):
+    """ValueError naming ``name`` unless ``value`` is one of the strings ``choices``."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def check_samples(samples):
+    """TypeError unless an integer, ValueError unless 1 <= samples <= MAX_SAMPLES."""
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
         raise TypeError(f"samples must be an int, got {type(samples).__name__} {samples!r}")
     if not 1 <= int(samples) <= MAX_SAMPLES:
@@ -145,6 +147,7 @@ def check_estimator(method, samples, sampler, budget):
 
 
 def check_block_n(block_n):
+    """ValueError unless an integer in BLOCK_NS (no bool, no float)."""
     if isinstance(block_n, bool) or not isinstance(block_n, numbers.Integral) or int(block_n) not in BLOCK_NS:
         raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n!r}")
 
