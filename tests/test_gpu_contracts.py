@@ -37,7 +37,7 @@ def _plan(L_max, **kw):
     import cupy
     kw = {"santa_min_length": 0, **kw}                       # santa at every length unless told
     plan = make_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
-                      samples=64, seed=5, **kw)
+                     samples=64, seed=5, **kw)
     plan.out.view(cupy.uint8).fill(0xFF)                    # NaN in every dtype
     plan.lse.fill(cupy.nan)
     plan.spread.fill(cupy.nan)
@@ -161,7 +161,7 @@ def test_warp_finish_and_merge_routes_agree(budget):
     q, k, v, lens = random_inputs(rng, 5, 8, 2, 128, L_max, lens_list, "bfloat16")
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     plan = make_plan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=256,
-                      budget=budget, tile_kernel="warp", seed=4, santa_min_length=0)
+                     budget=budget, tile_kernel="warp", seed=4, santa_min_length=0)
     assert plan.finish_in_kernel                              # 10 groups
     res = []
     for finish in (True, False):

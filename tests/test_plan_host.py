@@ -140,9 +140,9 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
     q, k, v, lengths = _inputs()
     tile = dense_kernel == "block"                    # the column names the tile kernel instead
     plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
-                      dense_kernel=dense_kernel if method == "dense" else "stream",
-                      score_kernel=dense_kernel if method == "santa" and not tile else "stream",
-                      tile_kernel="block" if tile else "auto", santa_min_length=0)
+                     dense_kernel=dense_kernel if method == "dense" else "stream",
+                     score_kernel=dense_kernel if method == "santa" and not tile else "stream",
+                     tile_kernel="block" if tile else "auto", santa_min_length=0)
     if not tile:
         assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == \
             ("mma" if dense_kernel == "auto" else dense_kernel)
@@ -204,7 +204,7 @@ def test_stage_launchers_cover_the_pipeline(launches):
     q, k, v, lengths = _inputs()
     for method, budget in (("dense", "global"), ("santa", "global"), ("santa", "fixed")):
         plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method,
-                          budget=budget)
+                         budget=budget)
         launches.clear()
         plan.run(q, k, v, lengths)
         full = [name for name, *_ in launches]
@@ -306,7 +306,7 @@ def test_tiles_per_warp(tiles, groups, slots, want):
 def test_runs_of_tiles_launch_and_merge_stride(launches):
     q, k, v, lengths = _inputs(L=3000)
     plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3,
-                      santa_min_length=0)
+                     santa_min_length=0)
     assert (plan.score_tpw, plan.tile_tpw, plan.T_max) == (3, 3, 24)
     plan.run(q, k, v, lengths)
     by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
@@ -416,7 +416,7 @@ def test_fixed_warp_launch(launches):
     warp (no merge launch)."""
     q, k, v, lengths = _inputs(L=3000)
     plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
-                      tile_kernel="warp", tiles_per_warp=5, santa_min_length=0)
+                     tile_kernel="warp", tiles_per_warp=5, santa_min_length=0)
     assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]
@@ -491,7 +491,7 @@ def test_many_groups_merge_after_the_warp_pass(launches):
     q, k, v, lengths = _inputs(B=2, H=64, KVH=32, L=3000)
     lengths = np.array([3000, 17], np.int32).view(FakeArray)
     plan = make_plan(batch=2, heads=64, kv_heads=32, head_dim=128, max_length=3000, santa_min_length=0,
-                      tiles_per_warp=3)
+                     tiles_per_warp=3)
     assert not plan.finish_in_kernel
     plan.run(q, k, v, lengths)
     by_name = {name: args for name, _, _, args, _ in launches}
@@ -543,4 +543,4 @@ def test_one_pass_launches(launches):
         with pytest.raises(ValueError, match=what):
             make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", **bad)
     assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass",
-                      santa_min_length=0).santa_from == 0
+                     santa_min_length=0).santa_from == 0
