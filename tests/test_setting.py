@@ -168,3 +168,30 @@ def test_decode_attention_reuses_plans_and_returns_owned_arrays(launches, monkey
     assert decode_attention(q, k, v, lengths, samples=32, out=out) is out
     santa_cupy.clear_plan_cache()
     assert not santa_cupy.attention._plans.plans
+
+
+def test_kernel_choice_thresholds_steer_the_plan(launches):
+    """The thresholds that were module constants now come with the plan's KernelChoice."""
+    kw = dict(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    q, k, v, lengths = test_plan_host._inputs(L=3000)
+
+    def names(plan):
+        launches.clear()
+        plan.run(q, k, v, lengths)
+        return [name for name, *_ in launches]
+
+    dense = DecodePlan(**kw, method="dense")
+    assert dense.dense_merges_itself and names(dense) == ["decode_dense_mma"]
+    capped = DecodePlan(**kw, method="dense", _kernels=KernelChoice(self_merge_max_splits=0))
+    assert not capped.dense_merges_itself and names(capped) == ["decode_dense_mma", "santa_merge"]
+    santa = DecodePlan(**kw, santa_min_length=0)
+    assert santa.finish_in_kernel and names(santa)[-1] == "santa_tile_warp"
+    partials = DecodePlan(**kw, santa_min_length=0, _kernels=KernelChoice(finish_max_groups=0))
+    assert not partials.finish_in_kernel and names(partials)[-2:] == ["santa_tile_warp", "santa_merge"]
+    assert santa.tile_kernel == "warp_mma"                                      # 44 rows a tile
+    assert DecodePlan(**kw, _kernels=KernelChoice(mma_min_rows=1e9)).tile_kernel == "warp"
+    assert DecodePlan(**kw, budget="fixed").tile_kernel == "block"             # 6 MB: the fused pass
+    assert DecodePlan(**kw, budget="fixed", _kernels=KernelChoice(fused_fixed_max_kv_bytes=0)).tile_kernel \
+        == "warp_mma"
+    assert DecodePlan(**kw, _kernels=KernelChoice(programmatic=False))._programmatic is False
+    assert santa._programmatic is None                                          # the process switch decides

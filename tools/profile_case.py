@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
-from santa_cupy import DecodePlan, spec  # noqa: E402
+from santa_cupy import AttentionSetting, DecodePlan, spec  # noqa: E402
 from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -60,9 +60,8 @@ if a.method == "dense":
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
                       method="dense", _kernels=KernelChoice(dense_kernel=kind))
 else:
-    _, budget, sampler, s = a.method.split("-")
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
-                      samples=int(s), sampler=sampler, budget=budget,
+                      setting=AttentionSetting.parse(a.method),          # santa-<budget>-<sampler>-<S>
                       _kernels=KernelChoice(score_kernel=kind, tile_kernel=a.tile_kernel,
                                             tiles_per_warp=a.tiles_per_warp))
     print(f"score {plan.score_kernel} x{plan.score_tpw}, pass 2 {plan.tile_kernel} x{plan.tile_tpw}")
