@@ -62,6 +62,8 @@ class KernelChoice:
     fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.
     mma_min_rows: "auto" gathers on tensor cores from this many expected rows per tile.
     finish_max_groups: the warp pass 2 writes o itself up to this many (sequence, KV head) groups.
+    merge_wide: santa_merge with 8 partials in flight per warp (True) or 4 (False); None: 8 where
+        its (H, B) grid is at most one wave of SMs (latency-bound), else 4 (fewer registers).
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
         launches plainly), plainly (False), or None: as the process-wide
         ``kernels.set_programmatic_launch`` says at each launch.
@@ -76,6 +78,7 @@ class KernelChoice:
     fused_fixed_max_kv_bytes: int = FUSED_FIXED_MAX_KV_BYTES
     mma_min_rows: float = MMA_MIN_ROWS
     finish_max_groups: int = FINISH_MAX_GROUPS
+    merge_wide: bool | None = None
     programmatic: bool | None = None
 
     def __post_init__(self):
@@ -90,8 +93,10 @@ class KernelChoice:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.programmatic not in (None, True, False):
-            raise ValueError(f"programmatic must be None, True or False, got {self.programmatic!r}")
+        for name in ("merge_wide", "programmatic"):
+            value = getattr(self, name)
+            if not (value is None or isinstance(value, bool)):
+                raise ValueError(f"{name} must be None, True or False, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,10 @@ class DecodePlan(_PlanLaunches):
                           "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
         # the merge: 8 partials in flight per warp where its (H, B) grid is at most one wave of SMs
         # (latency-bound), else 4 (fewer registers, two blocks per SM)
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        self._merge_fn = self.kernels.merge_wide if heads * batch <= sms else self.kernels.merge
+        wide = choice.merge_wide
+        if wide is None:
+            wide = heads * batch <= cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self._merge_fn = self.kernels.merge_wide if wide else self.kernels.merge
         self.step = cupy.full((1,), int(step), dtype=cupy.int64)
         self.T_max = -(-max_length // self.block_n)
         self._forced_dense_splits = choice.dense_splits
@@ -219,7 +221,7 @@ class DecodePlan(_PlanLaunches):
         if method == "santa" and self.santa_from > 1:
             # the fallback's kernels are its own automatic ones (the thresholds and launch mode are this plan's)
             fallback = dataclasses.replace(choice, dense_kernel="auto", score_kernel="auto", tile_kernel="auto",
-                                           tiles_per_warp=None, dense_splits=None)
+                                           tiles_per_warp=None, dense_splits=None, merge_wide=None)
             self._dense_plan = DecodePlan(
                 batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_length=max_length, dtype=dtype,
                 setting=AttentionSetting(method="dense"), scale=self.scale, _kernels=fallback,

@@ -295,11 +295,11 @@ def test_merge_unrolls_agree(method, budget):
     rng = np.random.default_rng(8)
     q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, 3000, [3000, 1, 1500], "bfloat16")
     args = to_gpu(q, k, v, lens)
-    plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
-                      method=method, budget=budget, samples=256, seed=2, tile_kernel="block")
     res = []
-    for fn in (plan.kernels.merge_wide, plan.kernels.merge):
-        plan._merge_fn = fn
+    for wide in (True, False):
+        plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
+                          method=method, budget=budget, samples=256, seed=2, tile_kernel="block", merge_wide=wide)
+        assert plan._merge_fn is (plan.kernels.merge_wide if wide else plan.kernels.merge)
         o = as_float32(plan.run(*args))
         res.append((o, plan.lse.get(), plan.spread.get()))
     (o8, l8, s8), (o4, l4, s4) = res

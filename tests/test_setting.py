@@ -99,7 +99,7 @@ def test_public_signatures_carry_no_kernel_selection():
 @pytest.mark.parametrize("field,bad", [("dense_kernel", "fast"), ("score_kernel", None), ("tile_kernel", "warp_smem"),
                                        ("tiles_per_warp", 0), ("tiles_per_warp", 2.0), ("dense_splits", True),
                                        ("self_merge_max_splits", -1), ("finish_max_groups", 1.5),
-                                       ("programmatic", "yes")])
+                                       ("merge_wide", 1), ("programmatic", "yes")])
 def test_kernel_choice_is_checked(field, bad):
     with pytest.raises(ValueError, match=field):
         KernelChoice(**{field: bad})
@@ -195,3 +195,6 @@ def test_kernel_choice_thresholds_steer_the_plan(launches):
         == "warp_mma"
     assert DecodePlan(**kw, _kernels=KernelChoice(programmatic=False))._programmatic is False
     assert santa._programmatic is None                                          # the process switch decides
+    assert santa._merge_fn is santa.kernels.merge_wide                          # 16 blocks <= 132 SMs
+    narrow = DecodePlan(**kw, santa_min_length=0, _kernels=KernelChoice(merge_wide=False))
+    assert narrow._merge_fn is narrow.kernels.merge
