@@ -154,18 +154,18 @@ def test_short_sequences_run_dense_in_a_santa_plan():
 def test_warp_finish_and_merge_routes_agree(budget):
     """The warp pass 2 finishing o itself (few KV groups) and writing run partials for santa_merge
     (many): the same counts and rows read, o and spread up to the order of float additions, for
-    the same plan with the route switched; lengths 0 and 1 included."""
+    the same setting with the route switched (KernelChoice.finish_max_groups); lengths 0 and 1 included."""
     rng = np.random.default_rng(13)
     L_max = 4000
     lens_list = [4000, 0, 1, 2049, 130]
     q, k, v, lens = random_inputs(rng, 5, 8, 2, 128, L_max, lens_list, "bfloat16")
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
-    plan = make_plan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=256,
-                     budget=budget, tile_kernel="warp", seed=4, santa_min_length=0)
-    assert plan.finish_in_kernel                              # 10 groups
     res = []
-    for finish in (True, False):
-        plan.finish_in_kernel = finish
+    for finish in (True, False):                              # 10 groups: in the kernel unless the cap is 0
+        plan = make_plan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
+                         samples=256, budget=budget, tile_kernel="warp", seed=4, santa_min_length=0,
+                         **({} if finish else {"finish_max_groups": 0}))
+        assert plan.finish_in_kernel == finish
         plan.out.fill(0x7FC0)
         o = as_float32(plan.run(qg, kg, vg, lg))
         res.append((o, plan.rows_read.get().copy(), plan.spread.get().copy(), plan.lse.get().copy()))
