@@ -39,15 +39,16 @@ def main():
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()                          # the inputs were made on the default stream
     with stream:                                            # the plan's buffers initialised on `stream`
+        setting = santa_cupy.AttentionSetting.parse("systematic/global/S=256/min_length=0/seed=7")
         plan = santa_cupy.DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_MAX,
-                                     dtype="bfloat16", samples=256, seed=7, santa_min_length=0)
+                                     dtype="bfloat16", setting=setting)
     o = cp.empty((B, H, D), cp.uint16)                      # your buffer: o is written here
     dense = cp.empty_like(o)
 
     plan.run(q, k_cache, v_cache, lengths, out=o, stream=stream)            # step 0
     santa_cupy.decode_attention(q, k_cache, v_cache, lengths, method="dense", out=dense, stream=stream)
     stream.synchronize()
-    print(f"santa (S=256) vs dense: rel. L2 error {rel_l2(o, dense):.4f}, step {int(plan.step.get()[0])}")
+    print(f"santa ({plan.setting}) vs dense: rel. L2 error {rel_l2(o, dense):.4f}, step {int(plan.step.get()[0])}")
 
     # One decode step as a CUDA graph: run, then advance the device step counter.
     o_graph = cp.empty_like(o)

@@ -15,7 +15,7 @@ import click
 
 from llama_min.models_cli import models  # noqa: F401  (santa_tools/cli.py imports it from here)
 from santa_cupy.paged import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from santa_cupy.spec import MAX_SAMPLES
+from santa_cupy.spec import BUDGETS, MAX_SAMPLES, SAMPLERS
 
 
 def _pick_device(device: str) -> str:
@@ -126,8 +126,8 @@ def sampling_report(sampling) -> dict:
 @click.option("--attention", "method", type=click.Choice(["dense", "santa"]), default="dense", show_default=True)
 @click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=256, show_default=True,
               help="SANTA samples per head.")
-@click.option("--sampler", type=click.Choice(["iid", "stratified", "systematic"]), default="systematic", show_default=True)
-@click.option("--budget", type=click.Choice(["fixed", "global", "largest_remainder"]), default="global", show_default=True)
+@click.option("--sampler", type=click.Choice(list(SAMPLERS)), default="systematic", show_default=True)
+@click.option("--budget", type=click.Choice(list(BUDGETS)), default="global", show_default=True)
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
               help="GPU: replay the decode step as a CUDA graph (default: on for the GPU).")
 @click.option("--kv-cache", "kv_cache", type=click.Choice(KV_CACHE_LAYOUTS), default="contiguous", show_default=True,
@@ -143,7 +143,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     """Generate text with a Llama-architecture model, dense or SANTA decode attention."""
     from llama_min import generation_config, progress, threads
     from llama_min.generate import SamplingConfig, generate as run_generate
-    from llama_min.model import AttentionConfig, LlamaModel
+    from llama_min.model import AttentionSetting, LlamaModel
     from llama_min.models import resolve_model
     from llama_min.tokenizer import Tokenizer
 
@@ -153,7 +153,7 @@ def generate(model_name, prompt, prompt_file, encoding, chat, max_new_tokens, gr
     sampling_opts = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
     if greedy and sampling_opts:
         raise click.UsageError(f"--greedy conflicts with --{next(iter(sampling_opts)).replace('_', '-')}")
-    attention = AttentionConfig(method=method, samples=samples, sampler=sampler, budget=budget, seed=seed)
+    attention = AttentionSetting(method=method, samples=samples, sampler=sampler, budget=budget, seed=seed)
     device = _pick_device(device)
     if cuda_graph and device != "gpu":
         raise click.UsageError("--cuda-graph needs --device gpu")

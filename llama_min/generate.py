@@ -1,7 +1,7 @@
 """Token generation: prefill the prompt, then decode one token at a time with sampling.
 
     result = generate(model, prompt_ids, max_new_tokens=64, sampling=SamplingConfig(),
-                      attention=AttentionConfig(), stop_ids=[2], on_token=print)
+                      attention=DENSE, stop_ids=[2], on_token=print)
 
 The tokens are chosen where the logits are (llama_min.sampling.TokenSampler: the NumPy reference on
 the CPU, the kernel on the GPU, the same tokens for the same seed); with use_graph the sampler ends
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llama_min.model import AttentionConfig, LlamaModel
+from llama_min.model import DENSE, AttentionSetting, LlamaModel
 from llama_min.sampling import SamplerParams, SamplingConfig, TokenSampler, sample_reference
 
 __all__ = ["GenerationResult", "Sampler", "SamplingConfig", "generate", "penalize_repetition"]
@@ -78,7 +78,7 @@ def _sync(model):
 
 
 def generate(model: LlamaModel, prompt_ids, *, max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
-             attention: AttentionConfig = AttentionConfig(), stop_ids=(), on_token=None,
+             attention: AttentionSetting = DENSE, stop_ids=(), on_token=None,
              use_graph: bool = False, on_prefill=None, page_size: int | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` (a list of ints, batch 1).
 

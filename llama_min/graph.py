@@ -10,7 +10,7 @@ import numpy as np
 
 from llama_min.backends import gpu_backend
 from llama_min.kv_cache import KVCache
-from llama_min.model import AttentionConfig, AttentionHook, LlamaModel, _hooked
+from llama_min.model import DENSE, AttentionHook, AttentionSetting, LlamaModel, _hooked
 
 
 class GraphDecoder:
@@ -42,7 +42,7 @@ class GraphDecoder:
     Temporaries come from a private memory pool kept alive with the graph, so no other allocation
     can reuse addresses the graph writes to."""
 
-    def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionConfig = AttentionConfig(),
+    def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionSetting = DENSE,
                  gemv: bool | None = None, programmatic_launch: bool | None = None, *, sampler=None,
                  attention_hook: AttentionHook | None = None):
         if model.xp is np:

@@ -33,7 +33,7 @@ class KVCache:
         self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.lengths = xp.zeros((batch,), xp.int32)
         self._row_ids = xp.arange(batch)              # token_index's sequence ids
-        self.plans = {}                               # AttentionConfig -> santa_cupy.DecodePlan (GPU)
+        self.plans = {}                               # AttentionSetting -> santa_cupy.DecodePlan (GPU)
         self.lse_hints = {}                           # budget one_pass: layer -> [B, H] lse of the last step
         self.rows_taken = 0                           # budget one_pass: rows taken, summed over steps, layers, heads
         self.length = 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import pathlib
-from dataclasses import asdict, dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -33,8 +32,9 @@ from llama_min.backends import Backend, CublasBackend, NumpyBackend
 from llama_min.config import LlamaConfig, load_config
 from llama_min.kv_cache import KVCache, PageAllocator, PagedKVCache
 from llama_min.weights import LAYER_WEIGHT_NAMES, WEIGHT_NAMES, Checkpoint, expected_shapes
+from santa_cupy.setting import AttentionSetting
 
-__all__ = ["CHUNK", "DTYPE_PLAN", "AttentionConfig", "AttentionHook", "KVCache", "LlamaModel",
+__all__ = ["CHUNK", "DENSE", "DTYPE_PLAN", "AttentionHook", "AttentionSetting", "KVCache", "LlamaModel",
            "PageAllocator", "PagedKVCache", "rope_inv_freq"]
 
 CHUNK = 512  # prefill chunk length (tokens)
@@ -53,27 +53,10 @@ DTYPE_PLAN = {
 }
 
 
-@dataclass(frozen=True)
-class AttentionConfig:
-    """Decode attention settings (passed through to santa_cupy.decode_attention)."""
-
-    method: str = "dense"        # "dense" | "santa"
-    samples: int = 256
-    sampler: str = "systematic"  # "iid" | "stratified" | "systematic"
-    budget: str = "global"       # "fixed" | "global" | "largest_remainder" | "one_pass" (CPU: the
-    #                              hint of a layer is its exact lse at the previous decode step)
-    seed: int = 0
-    block_n: int | None = None   # None: santa_cupy's default for the method and head dim
-    # GPU: sequences shorter than this decode with exact attention where it is faster ("auto": the
-    # plan's crossover for the shape and device; 0: santa at every length, e.g. for accuracy studies)
-    santa_min_length: int | str = "auto"
-
-    def __post_init__(self):
-        if self.method not in ("dense", "santa"):
-            raise ValueError(f"attention method must be 'dense' or 'santa', got {self.method!r}")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+# The decoder's default attention: exact. Any santa_cupy.AttentionSetting (the one setting type of
+# santa_cupy, its CLI, bench and eval) selects the decode attention; on the CPU budget one_pass uses
+# as a layer's hint its exact lse at the previous decode step.
+DENSE = AttentionSetting(method="dense")
 
 
 def _import_cupy():
@@ -318,7 +301,7 @@ class LlamaModel:
 
     # ------------------------------------------------------------------ decode
 
-    def decode(self, tokens, cache: KVCache, attention: AttentionConfig = AttentionConfig(),
+    def decode(self, tokens, cache: KVCache, attention: AttentionSetting = DENSE,
                attention_hook: AttentionHook | None = None):
         """One decode step: tokens [B] -> logits [B, V] float32 (array of model.xp).
         attention_hook (AttentionHook): observes or replaces every layer's attention."""
@@ -336,7 +319,7 @@ class LlamaModel:
         cache.advance()
         return logits
 
-    def _eager_attention(self, att: AttentionConfig, cache: KVCache):
+    def _eager_attention(self, att: AttentionSetting, cache: KVCache):
         """-> attn(layer, q [B,H,D] kv-dtype, k_cache, v_cache, lengths [B]) -> [B,H,D].
 
         CPU: dense = the float32 NumPy decode below, santa = santa_cupy.cpu_attention (the same
@@ -356,7 +339,7 @@ class LlamaModel:
         kw = cache.attention_kwargs                # paged: block_table
         return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li, validate=False, **kw)
 
-    def make_plan(self, att: AttentionConfig, cache: KVCache):
+    def make_plan(self, att: AttentionSetting, cache: KVCache):
         """A santa_cupy.DecodePlan for this model's shapes and the cache (GPU only)."""
         import santa_cupy
         if att.budget == santa_cupy.spec.ONE_PASS:
@@ -364,12 +347,10 @@ class LlamaModel:
                              "a hint per layer: santa_cupy.DecodePlan.run(lse_hint=...))")
         paged = dict(page_size=cache.page_size, page_layout="NHD") if cache.paged else {}
         return santa_cupy.DecodePlan(
-            batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
-            max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
-            sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
-            block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length, **paged)
+            batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D, max_length=cache.max_len,
+            dtype=self.kv_dtype, setting=att, scale=float(self.scale), step=cache.step, **paged)
 
-    def _santa_decode_np(self, att: AttentionConfig, cache: KVCache):
+    def _santa_decode_np(self, att: AttentionSetting, cache: KVCache):
         """-> attn(...) of SANTA at decode step cache.step through santa_cupy.cpu_attention (float32),
         or, budget one_pass, its float64 reference (santa_cupy.one_pass) with each layer's hint the
         exact lse of its previous step (kept on the cache; the first step uses the exact lse)."""

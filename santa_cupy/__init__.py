@@ -1,6 +1,14 @@
-"""santa-cupy: stochastic sparse decode attention (SANTA / S2ANTA) on CuPy, with a NumPy reference."""
+"""santa-cupy: stochastic sparse decode attention (SANTA / S2ANTA) on CuPy, with a NumPy reference.
 
-from santa_cupy.attention import AttentionInfo, DecodePlan, decode_attention
+The public API: ``decode_attention`` (one call), ``DecodePlan`` (repeated calls of one shape on the
+GPU), ``AttentionSetting`` (the estimator both take), ``AttentionInfo`` (their diagnostics) and
+``clear_plan_cache``.
+"""
 
-__all__ = ["AttentionInfo", "DecodePlan", "decode_attention"]
+from santa_cupy.attention import clear_plan_cache, decode_attention
+from santa_cupy.info import AttentionInfo
+from santa_cupy.plan import DecodePlan
+from santa_cupy.setting import AttentionSetting
+
+__all__ = ["AttentionInfo", "AttentionSetting", "DecodePlan", "clear_plan_cache", "decode_attention"]
 __version__ = "0.1.0"

@@ -29,6 +29,7 @@ import threading
 import numpy as np
 
 from santa_cupy import spec
+from santa_cupy.setting import AttentionSetting
 
 _PLANS = {}                      # (device id, shape, dtype, settings) -> DecodePlan
 _PLANS_LOCK = threading.Lock()
@@ -57,9 +58,8 @@ def _import_cupy():
     return cupy
 
 
-def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samples=256, sampler="systematic",
-                     budget="global", seed=0, layer=0, scale=None, block_n=None, santa_min_length="auto",
-                     return_lse=False, command_buffer=False, block_table=None, page_layout="NHD"):
+def decode_attention(q, k_cache, v_cache, lengths, step, *, setting=None, layer=0, scale=None, return_lse=False,
+                     command_buffer=False, block_table=None, page_layout="NHD", **setting_fields):
     """One decode step of attention on JAX GPU arrays; traceable (``jax.jit``), no copies, no host sync.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D]; lengths [B] int32 (other integer dtypes are
@@ -76,9 +76,11 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
     int64/uint64), an operand of the jitted computation, so a function traced once draws fresh
     samples for each step it is given; it is copied into the plan's device counter on XLA's stream
     (a 4-byte step is read as unsigned: steps 0..2^32-1).
-    The other keywords are static (changing them retraces) and mean what they mean for
-    ``santa_cupy.decode_attention``: same (seed, step, layer) give the same samples as the eager
-    CuPy call. Returns o [B, H, D] in q's dtype, or (o, lse [B, H] float32) with ``return_lse``.
+    setting: a santa_cupy.AttentionSetting or its name (None: the default), ``setting_fields``
+    (method, samples, sampler, budget, seed, block_n, santa_min_length) changing its fields; the
+    budgets with a second pass only (not one_pass). The setting and the other keywords are static
+    (changing them retraces) and mean what they mean for ``santa_cupy.decode_attention``: same
+    (seed, step, layer) give the same samples as the eager CuPy call. Returns o [B, H, D] in q's dtype, or (o, lse [B, H] float32) with ``return_lse``.
 
     One DecodePlan per (device, shapes, dtype, settings) is built on the first execution (kernels
     compiled then) and reused; not differentiable; not batched under ``jax.vmap``.
@@ -99,17 +101,10 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
                                                              page_layout)
         if block_table.dtype != jnp.int32:
             block_table = block_table.astype(jnp.int32)
-    spec.check_choice("method", method, spec.METHODS)
-    spec.check_choice("sampler", sampler, spec.SAMPLERS)
-    spec.check_choice("budget", budget, spec.BUDGETS)
-    spec.check_samples(samples)
-    _check_static_int("seed", seed, 0, 2**64 - 1)
+    setting = AttentionSetting.from_fields(setting, **setting_fields)        # its checks
+    spec.check_choice("budget", setting.budget, spec.BUDGETS)                # no one_pass here (yet)
+    setting = setting.replace(block_n=setting.resolved_block_n(D))
     _check_static_int("layer", layer, 0, 2**31 - 1)
-    if not (isinstance(santa_min_length, str) and santa_min_length == "auto"):
-        _check_static_int("santa_min_length", santa_min_length, 0, 2**31 - 1)
-    if block_n is None:
-        block_n = spec.default_block_n(method, D)
-    spec.check_block_n(block_n)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
@@ -118,8 +113,7 @@ def decode_attention(q, k_cache, v_cache, lengths, step, *, method="santa", samp
         lengths = lengths.astype(jnp.int32)
     if dtype_name == "bfloat16":
         q, k_cache, v_cache = (jax.lax.bitcast_convert_type(x, jnp.uint16) for x in (q, k_cache, v_cache))
-    key = (B, H, KVH, D, L_max, dtype_name, method, int(samples), sampler, budget, int(seed), scale,
-           int(block_n), santa_min_length, np.dtype(step.dtype).itemsize, page_size, page_layout)
+    key = (B, H, KVH, D, L_max, dtype_name, setting, scale, np.dtype(step.dtype).itemsize, page_size, page_layout)
     results = [jax.ShapeDtypeStruct((B, H, D), _STORAGE[dtype_name])]
     if return_lse:
         results.append(jax.ShapeDtypeStruct((B, H), np.float32))
@@ -242,19 +236,16 @@ def _plan_for(cupy, key, device):
     plan = _PLANS.get((device,) + key)
     if plan is not None:
         return plan
-    from santa_cupy.attention import DecodePlan
+    from santa_cupy.plan import DecodePlan
 
-    (B, H, KVH, D, L_max, dtype_name, method, samples, sampler, budget, seed, scale, block_n,
-     santa_min_length, _, page_size, page_layout) = key
+    (B, H, KVH, D, L_max, dtype_name, setting, scale, _, page_size, page_layout) = key
     with _PLANS_LOCK:
         plan = _PLANS.get((device,) + key)
         if plan is None:
             # built on XLA's stream (the caller's scope), so its buffers' initialisation is ordered
             # before the first run
             plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype_name,
-                              method=method, samples=samples, sampler=sampler, budget=budget, seed=seed,
-                              scale=scale, block_n=block_n, step=0, santa_min_length=santa_min_length,
-                              page_size=page_size, page_layout=page_layout)
+                              setting=setting, scale=scale, step=0, page_size=page_size, page_layout=page_layout)
             _PLANS[(device,) + key] = plan
     return plan
 

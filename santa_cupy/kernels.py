@@ -47,7 +47,6 @@ PREFIX_THREADS = 256
 MERGE_THREADS = 256
 HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 ACC_COPIES = 8        # SC_ACC_COPIES (merge.cuh): copies of santa_tile_warp's accumulators
-FINISH_MAX_GROUPS = 32  # santa_tile_warp writes o itself up to this many (sequence, KV head) groups
 BUDGET_CODE = {"fixed": 0, "global": 1, "largest_remainder": 2}
 SAMPLER_CODE = {"iid": 0, "stratified": 1, "systematic": 2}
 MODE_CODE = {"fused": 0, "sample": 1, "gather": 2}
@@ -107,6 +106,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
 
 
 def roles() -> tuple[str, ...]:
+    """The module roles: "dense", then "santa<BN>" for every block_n of spec.BLOCK_NS."""
     return ("dense",) + tuple(f"santa{bn}" for bn in spec.BLOCK_NS)
 
 
@@ -123,35 +123,16 @@ def _round16(n: int) -> int:
 
 
 def row_groups(head_dim: int) -> int:
+    """Rows a 128-thread block streams at once at this head_dim (CHUNK elements a thread)."""
     return THREADS // (head_dim // CHUNK)
 
 
-# decode_dense_mma merges in its own last block per KV group up to this many splits a group; above,
-# santa_merge runs after it. 32 = a warp's lanes: merge.cuh's warp_merge_dense_head merges a head's
-# up to 32 partials with every load in flight at once, a warp per head (H200, docs/history/BENCHMARKS-journal.md step 11:
-# B=1 32k 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8). More splits the kernel merges a
-# head at a time with the whole block (block_merge_dense_head, 32 splits a warp and round trip),
-# which measured slower than santa_merge's launch (step 13: SmolLM2 B=1, 3 groups of 121 splits,
-# 32k 15.0 -> 15.6 us, 128k 33.7 -> 34.3), so the plan keeps the cap at 32.
-DENSE_SELF_MERGE_MAX_SPLITS = 32
-DENSE_KERNELS = ("auto", "stream", "mma")   # v2 decode_dense_partial (generic), v4 decode_dense_mma
 MMA_DTYPES, MMA_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # decode_dense_mma's instances
 
 
 def mma_supported(dtype_name, head_dim) -> bool:
     """Whether the tensor-core dense kernel (v4) has an instance for this dtype and head_dim."""
     return dtype_name in MMA_DTYPES and head_dim in MMA_HEAD_DIMS
-
-
-def resolve_kernel_choice(what, choice, dtype_name, head_dim) -> str:
-    """``what`` = "dense_kernel" | "score_kernel": "auto" -> "mma" where it exists, else "stream";
-    an explicit "mma" must exist."""
-    if choice == "auto":
-        return "mma" if mma_supported(dtype_name, head_dim) else "stream"
-    if choice == "mma" and not mma_supported(dtype_name, head_dim):
-        raise ValueError(f"{what}={choice!r} needs dtype in {MMA_DTYPES} and head_dim in {MMA_HEAD_DIMS}, "
-                         f"got dtype={dtype_name!r}, head_dim={head_dim}")
-    return choice
 
 
 def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
@@ -163,22 +144,10 @@ def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
     return 4 * (rg * group * head_dim + 2 * rg * group)
 
 
-# santa pass 1: santa_score (v2, FMA: the generic fallback) or santa_score_mma (v4, tensor cores);
-# both use static shared memory only
-SCORE_KERNELS = ("auto", "stream", "mma")
-
-
-# pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
-# gathers a tile's selected V rows through shared memory, a light tile's rows in flight over the
-# next tile's counts ("warp"), or staged and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
-TILE_KERNELS = ("auto", "block", "warp", "warp_mma")
+# santa pass 2's warp kernel santa_tile_warp (the choice among the kernels: santa_cupy/kernel_choice.py)
 GATHER_PIPE, GATHER_MMA = 0, 1   # SC_GATHER_* (santa_tile.cu): kGather
 TILE_WARP_GATHERS = {"tile_warp": GATHER_PIPE, "tile_warp_mma": GATHER_MMA}
 WARP_TILE_MAX_G = 8
-MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many expected rows per tile
-# "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
-# H200 (docs/history/BENCHMARKS-journal.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
-FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 GATHER_STAGE_BYTES = 4096    # SC_GATHER_STAGE_BYTES (gather_mma.cuh): staged V rows per warp
 
 
@@ -192,26 +161,6 @@ def expected_rows_per_tile(group, samples, block_n, max_length) -> float:
     """Selected rows of a tile at a uniform-ish distribution: G heads x S samples spread over
     max_length / BN tiles (an upper bound of the distinct rows; peaked distributions select fewer)."""
     return min(block_n, group * samples * block_n / max(max_length, 1))
-
-
-def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="global", kv_bytes=0,
-                        mma_ok=False) -> str:
-    """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
-    cache (kv_bytes <= FUSED_FIXED_MAX_KV_BYTES: its one fused pass has fewer launches); else by
-    the rows a tile is expected to select: "warp_mma" from MMA_MIN_ROWS, "warp" below. santa_tile_warp follows the tensor-core score pass (mma_ok: that
-    pass runs). An explicit warp choice must apply."""
-    ok = warp_tile_supported(sampler, group) and mma_ok
-    if choice == "auto":
-        if not ok or (budget == "fixed" and kv_bytes <= FUSED_FIXED_MAX_KV_BYTES):
-            return "block"
-        if mma_ok and rows_per_tile >= MMA_MIN_ROWS:
-            return "warp_mma"
-        return "warp"
-    if choice in ("warp", "warp_mma") and not ok:
-        raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic', heads // kv_heads <= "
-                         f"{WARP_TILE_MAX_G} and the tensor-core score pass (dtype in {MMA_DTYPES}, head_dim in "
-                         f"{MMA_HEAD_DIMS}, score_kernel 'auto' or 'mma'), got sampler={sampler!r}, group={group}")
-    return choice
 
 
 def tile_warp_smem_bytes(block_n, group, head_dim, mma=False) -> int:
@@ -237,6 +186,7 @@ def one_pass_smem_bytes(block_n, group, head_dim, dtype_name="bfloat16") -> int:
 
 
 def tile_smem_bytes(dtype_name, head_dim, block_n, group) -> int:
+    """santa_tile's dynamic shared memory (the layout documented in santa_tile.cu)."""
     rg = row_groups(head_dim)
     n = 4 * (2 * group * block_n + rg * group * head_dim + rg * group + block_n + 4 + 2 * group)
     return _round16(n) + _round16(group * HEAD_DRAW_BYTES)
@@ -321,11 +271,10 @@ def programmatic_launch() -> bool:
     return _programmatic["on"]
 
 
-def set_programmatic_launch(on: bool) -> bool:
-    """From now on launch santa-cupy's kernels (attention and decoder) with programmatic dependent
-    launch (each may be scheduled while the previous kernel in the stream finishes, and waits for
-    it on the device; sm_90 and later), or plainly. -> whether it is on."""
-    if on and _programmatic["launch"] is None:
+def programmatic_launch_available() -> bool:
+    """Whether this device takes programmatic dependent launch (sm_90 and later); loads the
+    driver's cuLaunchKernelEx the first time."""
+    if _programmatic["launch"] is None:
         import cupy
 
         if int(cupy.cuda.Device().compute_capability) < 90:
@@ -336,6 +285,16 @@ def set_programmatic_launch(on: bool) -> bool:
         attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
         attr.value[0] = 1                          # programmaticStreamSerializationAllowed
         _programmatic.update(launch=fn, attr=attr)
+    return True
+
+
+def set_programmatic_launch(on: bool) -> bool:
+    """From now on launch santa-cupy's kernels (attention and decoder) with programmatic dependent
+    launch (each may be scheduled while the previous kernel in the stream finishes, and waits for
+    it on the device; sm_90 and later), or plainly; a plan whose kernel choice sets
+    ``programmatic`` follows that instead. -> whether it is on."""
+    if on and not programmatic_launch_available():
+        return False
     _programmatic["on"] = bool(on)
     return _programmatic["on"]
 
@@ -353,17 +312,18 @@ def _c_arg(a):
     raise TypeError(f"no C type for kernel argument {type(a).__name__}")
 
 
-def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
+def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, programmatic=None):
     """Launch on the current stream with enough dynamic shared memory (raising the limit if needed);
-    with programmatic dependent launch when set_programmatic_launch(True). The arguments of a
-    registered kernel (register_kernel: every kernel of santa_cupy and llama_min) are checked
+    with programmatic dependent launch when ``programmatic`` (True only where
+    programmatic_launch_available()), or, None, when set_programmatic_launch(True). The arguments
+    of a registered kernel (register_kernel: every kernel of santa_cupy and llama_min) are checked
     against its C declaration first (kernel_args.check: a TypeError, nothing launched)."""
     entry = _SIGNATURES.get(id(kernel))
     if entry is not None:
         kernel_args.check(entry[1], args)
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
-    if not _programmatic["on"]:
+    if not (_programmatic["on"] if programmatic is None else programmatic):
         kernel(tuple(int(x) for x in grid), (threads,), tuple(args), shared_mem=shared_mem)
         return
     import cupy
@@ -384,7 +344,7 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS):
 # takes ~10 us + 0.92 ns a row (B * n rows), santa (every length) ~F(B) + 0.60 ns a row with
 # F = 23, 29, 61 us at B = 1, 4, 16: a fixed cost (more launches, dependent round trips) plus one
 # per sequence (pass 2 gathers S * G V rows a (sequence, KV head) whatever its length, and at
-# B * KVH > FINISH_MAX_GROUPS santa_merge follows). Santa pays once the bytes it saves, about a V
+# B * KVH > kernel_choice.FINISH_MAX_GROUPS santa_merge follows). Santa pays once the bytes it saves, about a V
 # row per row at the streaming rate (0.75 of the peak bandwidth), outweigh that:
 #   n >= (SANTA_FIXED_COST_S + B * SANTA_PER_SEQUENCE_COST_S) * bandwidth / (B * KVH * D * itemsize),
 # the costs in peak-bandwidth seconds: 39.6k tokens at B = 1, 15.7k at B = 4, 9.7k at B = 16 (measured:

@@ -57,6 +57,7 @@ def head_scores(q, k_cache, lengths, scale=None):
 
 
 def num_tiles(n, block_n):
+    """Tiles of block_n rows covering n rows (the last one partial)."""
     return -(-int(n) // int(block_n))
 
 
@@ -392,7 +393,11 @@ def estimate(counts, scores, v, *, samples, budget, block_n=spec.DEFAULT_BLOCK_N
 
 
 def dense_attention(q, k_cache, v_cache, lengths, scale=None):
-    """Exact attention: o [B, H, D] float64 and lse [B, H] float64 (log-sum-exp of scaled scores)."""
+    """Exact attention: o [B, H, D] float64 and lse [B, H] float64 (log-sum-exp of scaled scores).
+
+    q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (float16, bfloat16 as uint16, float32 or
+    float64); lengths [B] (1..L_max); scale None: 1 / sqrt(D). Inputs are trusted (public callers:
+    santa_cupy.decode_attention, which validates)."""
     B, H, D = q.shape
     KVH = k_cache.shape[2]
     G = H // KVH
@@ -421,8 +426,10 @@ def santa_attention(
     scale=None,
     block_n=spec.DEFAULT_BLOCK_N,
 ):
-    """SANTA decode attention (reference).
+    """SANTA decode attention (reference), in float64.
 
+    q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (float16, bfloat16 as uint16, float32 or
+    float64); lengths [B] (1..L_max); the estimator's fields as santa_cupy.AttentionSetting's.
     Returns o [B, H, D] float64, lse [B, H] float64, rows_read [B, KVH] int32 (distinct V rows
     sampled by any head of the GQA group), spread [B, H] float64, counts [B, H, L_max] int32.
     """

@@ -121,18 +121,33 @@ def describe(x) -> str:
 
 
 def check_choice(name, value, choices):
+    """ValueError naming ``name`` unless ``value`` is one of the strings ``choices``."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def check_samples(samples):
+    """TypeError unless an integer, ValueError unless 1 <= samples <= MAX_SAMPLES."""
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
         raise TypeError(f"samples must be an int, got {type(samples).__name__} {samples!r}")
     if not 1 <= int(samples) <= MAX_SAMPLES:
         raise ValueError(f"samples must be in [1, {MAX_SAMPLES}], got {int(samples)}")
 
 
+def check_estimator(method, samples, sampler, budget):
+    """The fields of an estimator (santa_cupy.AttentionSetting's): method, sampler and budget
+    among the supported ones, the one-pass budget systematic, 1 <= samples <= MAX_SAMPLES."""
+    check_choice("method", method, METHODS)
+    check_choice("sampler", sampler, SAMPLERS)
+    check_choice("budget", budget, DECODE_BUDGETS)
+    if budget == ONE_PASS and method == "santa" and sampler != "systematic":
+        raise ValueError(f"budget {ONE_PASS!r} draws systematically inside each tile: sampler must be "
+                         f"'systematic', got {sampler!r}")
+    check_samples(samples)
+
+
 def check_block_n(block_n):
+    """ValueError unless an integer in BLOCK_NS (no bool, no float)."""
     if isinstance(block_n, bool) or not isinstance(block_n, numbers.Integral) or int(block_n) not in BLOCK_NS:
         raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n!r}")
 
@@ -294,13 +309,7 @@ def validate_decode_inputs(
     on CuPy arrays each is a device sync, so a plan may validate once and switch them off.
     ``xp`` is the array module; None picks it from the arrays.
     """
-    check_choice("method", method, METHODS)
-    check_choice("sampler", sampler, SAMPLERS)
-    check_choice("budget", budget, DECODE_BUDGETS)
-    if budget == ONE_PASS and method == "santa" and sampler != "systematic":
-        raise ValueError(f"budget {ONE_PASS!r} draws systematically inside each tile: sampler must be "
-                         f"'systematic', got {sampler!r}")
-    check_samples(samples)
+    check_estimator(method, samples, sampler, budget)
     check_block_n(block_n)
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "lengths": lengths}
     library = _check_libraries(arrays)

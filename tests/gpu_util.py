@@ -235,3 +235,18 @@ def paged_inputs(rng, lengths, page_size, H=8, KVH=2, D=128, dtype="bfloat16", l
             vp[p] = conv(np.full(shape[1:], -3e4))
     q = conv(rng.standard_normal((len(lengths), H, D)))
     return q, kp, vp, table, lengths
+
+
+KERNEL_CHOICE_KEYS = ("dense_kernel", "score_kernel", "tile_kernel", "tiles_per_warp", "dense_splits",
+                      "self_merge_max_splits", "fused_fixed_max_kv_bytes", "mma_min_rows", "finish_max_groups",
+                      "merge_wide", "programmatic")
+
+
+def make_plan(**kw):
+    """santa_cupy.DecodePlan(**kw) with the kernel-choice keywords among kw (KERNEL_CHOICE_KEYS)
+    passed as the plan's internal ``_kernels=KernelChoice(...)`` override."""
+    from santa_cupy import DecodePlan
+    from santa_cupy.kernel_choice import KernelChoice
+
+    choice = {k: kw.pop(k) for k in KERNEL_CHOICE_KEYS if k in kw}
+    return DecodePlan(**kw, _kernels=KernelChoice(**choice) if choice else None)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from llama_min.backends import NumpyBackend
-from llama_min.model import AttentionConfig, LlamaModel
+from llama_min.model import AttentionSetting, LlamaModel
 from tests.gpu_util import requires_gpu
 from tests.test_model import make_tiny
 
@@ -30,7 +30,7 @@ def test_observing_hook_sees_every_layer_and_changes_nothing(tmp_path):
         return attend(q, k, v, lengths)
 
     tokens = np.array([3, 5])
-    for att in (AttentionConfig(), AttentionConfig(method="santa", samples=64)):
+    for att in (AttentionSetting(method="dense"), AttentionSetting(method="santa", samples=64)):
         plain = model.decode(tokens, c1, att)
         hooked = model.decode(tokens, c2, att, attention_hook=hook)
         np.testing.assert_array_equal(hooked, plain)

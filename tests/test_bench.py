@@ -14,6 +14,8 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from santa_tools import bench  # noqa: E402
+from santa_cupy import AttentionSetting  # noqa: E402
+from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 from santa_tools.bench.methods import Method, SHAPES  # noqa: E402
 
 LLAMA = SHAPES["llama8b"]
@@ -73,7 +75,12 @@ def test_method_lists():
     assert bench.methods.parse_method("santa-fixed-systematic-2048-block").backend == "block"
     assert bench.methods.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     always = bench.methods.parse_method("santa-global-systematic-256-always")
-    assert bench.methods.SANTA_SUFFIX_OPTIONS[always.backend] == {"santa_min_length": 0}
+    assert always.plan_setting().santa_min_length == 0 and always.kernel_choice() == KernelChoice()
+    block = bench.methods.parse_method("santa-fixed-systematic-2048-block")
+    assert block.kernel_choice() == KernelChoice(tile_kernel="block") and block.plan_setting() == block.setting
+    assert bench.methods.parse_method("dense-p7").kernel_choice() == KernelChoice(dense_splits=7)
+    assert bench.methods.parse_method("santa-global-iid-64-stream").kernel_choice() == KernelChoice(score_kernel="stream")
+    assert bench.methods.parse_method("santa-global-iid-64").setting == AttentionSetting.parse("iid/global/S=64")
     assert bench.methods.parse_method("santa-fixed-systematic-2048-warpmma").backend == "warpmma"
     for gone in ("santa-global-systematic-256-mma_ring", "dense-async", "santa-global-iid-64-async"):
         with pytest.raises(click.BadParameter):            # removed kernel versions (v3, the K ring)

@@ -96,7 +96,7 @@ def test_output_is_the_reference_estimate_of_its_counts(dtype, budget, G):
 
 
 def test_decoder_cpu_santa_runs_cpu_attention_not_the_reference(monkeypatch, tmp_path):
-    from llama_min.model import AttentionConfig, LlamaModel
+    from llama_min.model import AttentionSetting, LlamaModel
     from tests.test_model import make_tiny
 
     model = LlamaModel.from_pretrained(make_tiny(tmp_path)[0], device="cpu")
@@ -106,7 +106,7 @@ def test_decoder_cpu_santa_runs_cpu_attention_not_the_reference(monkeypatch, tmp
     monkeypatch.setattr(reference, "santa_attention", lambda *a, **kw: pytest.fail("reference on the decode path"))
     cache = model.new_cache(1, 16)
     model.prefill(np.array([[1, 2, 3, 4]]), cache)
-    att = AttentionConfig(method="santa", samples=8, sampler="stratified", budget="fixed", seed=3)
+    att = AttentionSetting(method="santa", samples=8, sampler="stratified", budget="fixed", seed=3)
     model.decode(np.array([5]), cache, att)
     model.decode(np.array([6]), cache, att)
     n_layers = model.cfg.num_hidden_layers

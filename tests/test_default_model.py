@@ -143,11 +143,11 @@ def test_gpu_greedy_matches_cpu_reference(model_dir, tokenizer, use_graph):
 def test_gpu_santa_runs_end_to_end(model_dir, tokenizer):
     _gpu_or_skip()
     from llama_min.generate import SamplingConfig, generate
-    from llama_min.model import AttentionConfig, LlamaModel
+    from llama_min.model import AttentionSetting, LlamaModel
 
     gpu_model = LlamaModel.from_pretrained(model_dir, device="gpu", dtype="bfloat16")
     ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
     out = generate(gpu_model, ids, max_new_tokens=12, sampling=SamplingConfig(greedy=True),
-                   attention=AttentionConfig(method="santa", samples=256), stop_ids=tokenizer.eos_ids,
+                   attention=AttentionSetting(method="santa", samples=256), stop_ids=tokenizer.eos_ids,
                    use_graph=True)
     assert "Paris" in tokenizer.decode(out.generated_tokens)

@@ -127,7 +127,8 @@ def test_settings_grid():
     g = ev.settings.settings_grid(["iid", "systematic"], ["global"], [64, 256])
     assert [s.label for s in g] == ["iid/global/S=64", "iid/global/S=256",
                                     "systematic/global/S=64", "systematic/global/S=256"]
-    assert g[0].attention(5).seed == 5 and g[0].attention(5).method == "santa"
+    run = ev.settings.run_setting(g[0], 5)
+    assert run.seed == 5 and run.method == "santa" and run.santa_min_length == 0
 
 
 # ------------------------------------------------------------------------------ texts
@@ -203,7 +204,7 @@ def test_kernel_errors_dense_floor_and_decrease_with_S(tiny):
 def test_teacher_forced_dense_matches_logits_all(tiny):
     prefix = 10
     cache0 = ev.decoding.prefilled_cache(tiny, IDS[:prefix], len(IDS))
-    lg = ev.runs.teacher_forced(tiny, cache0, IDS, prefix, ev.settings.DENSE.attention(0))
+    lg = ev.runs.teacher_forced(tiny, cache0, IDS, prefix, ev.settings.run_setting(ev.settings.DENSE, 0))
     full = tiny.logits_all(np.asarray(IDS))
     assert lg.shape == (len(IDS) - 1 - prefix, 37)
     np.testing.assert_allclose(lg, full[prefix:-1], rtol=1e-4, atol=1e-4)
@@ -213,7 +214,7 @@ def test_teacher_forced_dense_matches_logits_all(tiny):
 def test_greedy_matches_generate(tiny):
     prefix, n = 8, 6
     cache0 = ev.decoding.prefilled_cache(tiny, IDS[:prefix], prefix + n + 2)
-    got = ev.runs.greedy_tokens(tiny, cache0, IDS[prefix], n, ev.settings.DENSE.attention(0))
+    got = ev.runs.greedy_tokens(tiny, cache0, IDS[prefix], n, ev.settings.run_setting(ev.settings.DENSE, 0))
     want = generate(tiny, IDS[:prefix + 1], max_new_tokens=n).generated_tokens
     assert got == want
 
@@ -293,9 +294,9 @@ def test_cli_kernel_on_tiny_model(tiny, tmp_path, monkeypatch):
 def test_greedy_margins_are_top1_minus_top2(tiny):
     cache0 = ev.decoding.prefilled_cache(tiny, IDS[:8], 16)
     margins = []
-    toks = ev.runs.greedy_tokens(tiny, cache0, IDS[8], 3, ev.settings.DENSE.attention(0), margins=margins)
+    toks = ev.runs.greedy_tokens(tiny, cache0, IDS[8], 3, ev.settings.run_setting(ev.settings.DENSE, 0), margins=margins)
     cache = ev.decoding.clone_cache(tiny, cache0)
-    first = ev.decoding.decode_logits(tiny, cache, IDS[8], ev.settings.DENSE.attention(0))
+    first = ev.decoding.decode_logits(tiny, cache, IDS[8], ev.settings.run_setting(ev.settings.DENSE, 0))
     s = np.sort(first.astype(np.float64))
     assert len(margins) == 3 and margins[0] == pytest.approx(s[-1] - s[-2], rel=1e-6) and toks[0] == np.argmax(first)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from llama_min.generate import Sampler, SamplingConfig, generate
-from llama_min.model import AttentionConfig, LlamaModel
+from llama_min.model import AttentionSetting, LlamaModel
 from test_model import make_tiny
 
 
@@ -90,10 +90,10 @@ def test_generate_with_santa_attention(model):
     coarse and the tokens differ, so the comparison can fail (the first prompt, [1, 5, 9, 3], gives
     the same tokens whatever the attention: this model repeats one token after it)."""
     prompt = [5, 3, 8, 30, 25, 34]
-    dense = generate(model, prompt, max_new_tokens=10, attention=AttentionConfig(method="dense"))
-    att = AttentionConfig(method="santa", samples=1 << 15)
+    dense = generate(model, prompt, max_new_tokens=10, attention=AttentionSetting(method="dense"))
+    att = AttentionSetting(method="santa", samples=1 << 15)
     r = generate(model, prompt, max_new_tokens=10, attention=att)
     assert r.generated_tokens == dense.generated_tokens and len(r.generated_tokens) == 10
     assert generate(model, prompt, max_new_tokens=10, attention=att).generated_tokens == r.generated_tokens
-    coarse = generate(model, prompt, max_new_tokens=10, attention=AttentionConfig(method="santa", samples=1))
+    coarse = generate(model, prompt, max_new_tokens=10, attention=AttentionSetting(method="santa", samples=1))
     assert coarse.generated_tokens != dense.generated_tokens

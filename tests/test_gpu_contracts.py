@@ -11,9 +11,9 @@
 import numpy as np
 import pytest
 
-from santa_cupy import DecodePlan, spec
-from tests.gpu_util import (as_float32, assert_dense_matches, dense_error_bound, random_inputs, rel_l2, requires_gpu,
-                            to_gpu)
+from santa_cupy import spec
+from tests.gpu_util import (as_float32, assert_dense_matches, dense_error_bound, make_plan, random_inputs, rel_l2,
+                            requires_gpu, to_gpu)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -36,8 +36,8 @@ ROUTES = [
 def _plan(L_max, **kw):
     import cupy
     kw = {"santa_min_length": 0, **kw}                       # santa at every length unless told
-    plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
-                      samples=64, seed=5, **kw)
+    plan = make_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
+                     samples=64, seed=5, **kw)
     plan.out.view(cupy.uint8).fill(0xFF)                    # NaN in every dtype
     plan.lse.fill(cupy.nan)
     plan.spread.fill(cupy.nan)
@@ -126,13 +126,13 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     q, k, v, lens = random_inputs(rng, 6, 8, 2, 128, L_max, lens_list, "bfloat16", spike=True)
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     kw = dict(batch=6, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=64, seed=9)
-    mixed = DecodePlan(santa_min_length=1000, **kw)
+    mixed = make_plan(santa_min_length=1000, **kw)
     assert mixed.santa_from == 1000
     o = as_float32(mixed.run(qg, kg, vg, lg))
     rows, lse = mixed.rows_read.get(), mixed.lse.get()
-    dense = DecodePlan(method="dense", **kw)
+    dense = make_plan(method="dense", **kw)
     od = as_float32(dense.run(qg, kg, vg, lg))
-    santa = DecodePlan(santa_min_length=0, **kw)
+    santa = make_plan(santa_min_length=0, **kw)
     os_ = as_float32(santa.run(qg, kg, vg, lg))
     short = [1, 3, 5]
     long = [0, 2, 4]
@@ -154,18 +154,18 @@ def test_short_sequences_run_dense_in_a_santa_plan():
 def test_warp_finish_and_merge_routes_agree(budget):
     """The warp pass 2 finishing o itself (few KV groups) and writing run partials for santa_merge
     (many): the same counts and rows read, o and spread up to the order of float additions, for
-    the same plan with the route switched; lengths 0 and 1 included."""
+    the same setting with the route switched (KernelChoice.finish_max_groups); lengths 0 and 1 included."""
     rng = np.random.default_rng(13)
     L_max = 4000
     lens_list = [4000, 0, 1, 2049, 130]
     q, k, v, lens = random_inputs(rng, 5, 8, 2, 128, L_max, lens_list, "bfloat16")
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
-    plan = DecodePlan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=256,
-                      budget=budget, tile_kernel="warp", seed=4, santa_min_length=0)
-    assert plan.finish_in_kernel                              # 10 groups
     res = []
-    for finish in (True, False):
-        plan.finish_in_kernel = finish
+    for finish in (True, False):                              # 10 groups: in the kernel unless the cap is 0
+        plan = make_plan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
+                         samples=256, budget=budget, tile_kernel="warp", seed=4, santa_min_length=0,
+                         **({} if finish else {"finish_max_groups": 0}))
+        assert plan.finish_in_kernel == finish
         plan.out.fill(0x7FC0)
         o = as_float32(plan.run(qg, kg, vg, lg))
         res.append((o, plan.rows_read.get().copy(), plan.spread.get().copy(), plan.lse.get().copy()))
@@ -174,5 +174,5 @@ def test_warp_finish_and_merge_routes_agree(budget):
     assert np.all(np.isfinite(o1)) and rel_l2(o2, o1) < 1e-4
     assert np.allclose(s1, s2, rtol=1e-3, atol=1e-6)
     assert np.allclose(l1[[0, 2, 3, 4]], l2[[0, 2, 3, 4]], rtol=1e-6, atol=1e-6) and np.all(np.isneginf(l2[1]))
-    big = DecodePlan(batch=5, heads=64, kv_heads=8, head_dim=128, max_length=L_max, dtype="bfloat16")
-    assert not big.finish_in_kernel                           # 40 groups > kernels.FINISH_MAX_GROUPS
+    big = make_plan(batch=5, heads=64, kv_heads=8, head_dim=128, max_length=L_max, dtype="bfloat16")
+    assert not big.finish_in_kernel                           # 40 groups > kernel_choice.FINISH_MAX_GROUPS

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 
 import santa_cupy
-from santa_cupy import kernels, reference, spec
-from tests.gpu_util import (DENSE_TOL, as_float32, assert_dense_matches, dense_error_bound, random_inputs, rel_l2,
-                            requires_gpu, stable_seed, to_gpu)
+from santa_cupy import kernel_choice, kernels, reference, spec
+from tests.gpu_util import (DENSE_TOL, as_float32, assert_dense_matches, dense_error_bound, make_plan, random_inputs,
+                            rel_l2, requires_gpu, stable_seed, to_gpu)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
 # These tests study the kernels at every length: santa for every sequence (no dense fallback).
 def DecodePlan(**kw):  # noqa: N802
-    return santa_cupy.DecodePlan(**{"santa_min_length": 0, **kw})
+    """santa at every length unless told; kernel-choice keywords as the plan's _kernels override."""
+    return make_plan(**{"santa_min_length": 0, **kw})
 
 
 def decode_attention(*args, **kw):
@@ -90,7 +91,7 @@ def test_dense_merges_in_its_last_block(L_max, splits):
     rng = np.random.default_rng(5)
     plan = _poisoned_plan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
                           method="dense", dense_splits=splits)
-    assert plan.dense_merges_itself and 2 < plan.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS
+    assert plan.dense_merges_itself and 2 < plan.P_max <= kernel_choice.DENSE_SELF_MERGE_MAX_SPLITS
     assert splits is None or plan.P_max > 16
     q, k, v, _ = random_inputs(rng, 3, 8, 2, 128, L_max, [L_max] * 3, "bfloat16", spike=True)
     qg, kg, vg = to_gpu(q, k, v)
@@ -119,16 +120,15 @@ def test_dense_merges_in_its_last_block(L_max, splits):
 
 
 @pytest.mark.parametrize("D,heads", [(128, 8), (64, 6)])
-def test_dense_self_merge_over_several_rounds(monkeypatch, D, heads):
+def test_dense_self_merge_over_several_rounds(D, heads):
     """With the cap raised (as tools/dense_probe.py does), the kernel merges more than 32 splits a
     group itself, the whole block per head (merge.cuh block_merge_dense_head): 250 splits in two
     rounds of 32 a warp, folding the rounds. Still the reference; counters reset."""
-    monkeypatch.setattr(kernels, "DENSE_SELF_MERGE_MAX_SPLITS", 1 << 30)
     rng = np.random.default_rng(D)
     L_max, lengths = 20000, [20000, 5000, 1]
     q, k, v, lens = random_inputs(rng, 3, heads, 2, D, L_max, lengths, "bfloat16", spike=True)
     plan = _poisoned_plan(batch=3, heads=heads, kv_heads=2, head_dim=D, max_length=L_max, dtype="bfloat16",
-                          method="dense", dense_splits=300)
+                          method="dense", dense_splits=300, self_merge_max_splits=1 << 30)
     assert plan.dense_merges_itself and plan.P_max > 4 * 32
     ref = dense_error_bound(q, k, v, lens, "bfloat16")
     assert_dense_matches(plan.run(*to_gpu(q, k, v, lens)), ref)
@@ -147,7 +147,7 @@ def test_dense_long_context_100k(dtype):
     # more splits than the self-merge takes: v4 + santa_merge
     plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
                       method="dense", dense_splits=48)
-    assert not plan.dense_merges_itself and plan.P_max > kernels.DENSE_SELF_MERGE_MAX_SPLITS
+    assert not plan.dense_merges_itself and plan.P_max > kernel_choice.DENSE_SELF_MERGE_MAX_SPLITS
     assert_dense_matches(plan.run(*args), ref, what="48 splits + santa_merge")
     plan = DecodePlan(batch=2, heads=32, kv_heads=8, head_dim=128, max_length=100_003, dtype=dtype,
                       method="dense", dense_kernel="stream")
@@ -295,11 +295,11 @@ def test_merge_unrolls_agree(method, budget):
     rng = np.random.default_rng(8)
     q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, 3000, [3000, 1, 1500], "bfloat16")
     args = to_gpu(q, k, v, lens)
-    plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
-                      method=method, budget=budget, samples=256, seed=2, tile_kernel="block")
     res = []
-    for fn in (plan.kernels.merge_wide, plan.kernels.merge):
-        plan._merge_fn = fn
+    for wide in (True, False):
+        plan = DecodePlan(batch=3, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
+                          method=method, budget=budget, samples=256, seed=2, tile_kernel="block", merge_wide=wide)
+        assert plan._merge_fn is (plan.kernels.merge_wide if wide else plan.kernels.merge)
         o = as_float32(plan.run(*args))
         res.append((o, plan.lse.get(), plan.spread.get()))
     (o8, l8, s8), (o4, l4, s4) = res
@@ -496,7 +496,7 @@ def test_score_v4_matches_v2(G, D, dtype, block_n):
          score_kernel="stream"),
 ], ids=["dense-self-merge", "dense-merge", "global", "fixed-mma", "lr-block-stream"])
 def test_programmatic_launch_is_bit_identical(options):
-    """kernels.set_programmatic_launch(True): every launch may start while the one before it
+    """KernelChoice(programmatic=True): every launch may start while the one before it
     finishes; each kernel waits (griddepcontrol.wait) before reading. Two decode steps captured in
     one graph (the second depends on the first's advance), replayed twice: the same bits as plain
     (the warp pass 2 adds its runs with float atomics, in any order: there the same lse bits and o
@@ -508,10 +508,10 @@ def test_programmatic_launch_is_bit_identical(options):
     q, k, v, lens = to_gpu(*random_inputs(rng, B, H, KVH, D, L_max, [L_max, L_max - 77, 1], "bfloat16"))
 
     def run(programmatic):
-        assert kernels.set_programmatic_launch(programmatic) == programmatic
         try:
             plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_max, dtype="bfloat16",
-                              **options)
+                              programmatic=programmatic, **options)
+            assert plan._programmatic == programmatic and not kernels.programmatic_launch()
             plan.run(q, k, v, lens, validate=False)              # compile outside the capture
             cupy.cuda.Device().synchronize()
             stream = cupy.cuda.Stream(non_blocking=True)

@@ -7,7 +7,7 @@ import pytest
 
 from santa_tools.evaluation import decoding
 from santa_tools.evaluation import ruler as er
-from santa_tools.evaluation.settings import DENSE
+from santa_tools.evaluation.settings import DENSE, run_setting
 from tests.gpu_util import requires_gpu
 from tests.test_ruler import CharTok
 
@@ -57,8 +57,8 @@ def test_graphs_are_reused_and_reset_in_place(tmp_path):
     settings side by side (greedy_together) equals decoding each alone."""
     model = _model(tmp_path, "float16")
     tok = CharTok()
-    atts = [DENSE.attention(0)] + [er.runs.parse_setting(x).attention(1) for x in
-                                   ("systematic/global/S=4", "systematic/one_pass/S=8")]
+    atts = [run_setting(DENSE, 0)] + [run_setting(er.runs.parse_setting(x), 1) for x in
+                                      ("systematic/global/S=4", "systematic/one_pass/S=8")]
     dec = er.runs.GraphDecoders(model)
     try:
         got = []
@@ -85,10 +85,10 @@ def test_one_pass_hook_in_the_graph_as_eagerly(tmp_path):
     """The one-pass budget through OnePassLayers: teacher-forced logits of the captured step equal
     the eager step's with the same hook (S large: nearly every row taken, so the products' rounding
     cannot move a row's inclusion much), each layer's hint its own previous lse (finite after a step)."""
-    from llama_min.model import AttentionConfig
+    from santa_cupy import AttentionSetting
     model = _model(tmp_path, "float16")
-    att = AttentionConfig(method="santa", samples=4096, sampler="systematic", budget="one_pass", seed=3,
-                          santa_min_length=0)
+    att = AttentionSetting(method="santa", samples=4096, sampler="systematic", budget="one_pass", seed=3,
+                           santa_min_length=0)
     ids = CharTok().encode("the magic number is here")
     cache0 = decoding.prefilled_cache(model, ids[:10], 64)
     cache = decoding.clone_cache(model, cache0)

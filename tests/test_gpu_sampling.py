@@ -162,7 +162,7 @@ def test_graph_decoder_sampler_step_matches_reference(tmp_path, dtype, mode):
     (step() without tokens), and positions, the SANTA step and the sampler step advance on device."""
     import cupy
     from llama_min.graph import GraphDecoder
-    from llama_min.model import AttentionConfig
+    from llama_min.model import AttentionSetting
     model, cfg = _tiny_gpu_model(tmp_path, dtype)
     V, B = cfg["vocab_size"], 2
     prompt = np.random.default_rng(4).integers(0, V, size=(B, 6))
@@ -173,7 +173,7 @@ def test_graph_decoder_sampler_step_matches_reference(tmp_path, dtype, mode):
     params = SamplerParams.from_config(sc, V)
     seen = None if sampler.seen is None else sampler.seen.get()
     first = np.array([3, 4], np.int32)
-    with GraphDecoder(model, cache, AttentionConfig(method="santa", samples=64, seed=1), sampler=sampler) as gd:
+    with GraphDecoder(model, cache, AttentionSetting(method="santa", samples=64, seed=1), sampler=sampler) as gd:
         tokens = first
         for t in range(8):
             got = gd.step(tokens if t == 0 else None)

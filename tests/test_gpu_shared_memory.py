@@ -34,21 +34,21 @@ import numpy as np
 import cupy
 import santa_cupy
 from santa_cupy import kernels
-from tests.gpu_util import random_inputs, to_gpu
+from tests.gpu_util import make_plan, random_inputs, to_gpu
 
 options, target, shrink = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 q, k, v, lens = random_inputs(np.random.default_rng(4), 2, 8, 2, 128, 3000, [3000, 17], "bfloat16", peak=0.5)
-plan = santa_cupy.DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
-                             samples=1024, santa_min_length=0, **options)
+plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
+                 samples=1024, santa_min_length=0, **options)
 fields = {id(getattr(plan.kernels, f)): f for f in vars(plan.kernels) if getattr(plan.kernels, f) is not None}
 real_launch, seen = kernels.launch, []
 
-def launch(kernel, grid, args, shared_mem=0, threads=kernels.THREADS):
+def launch(kernel, grid, args, shared_mem=0, threads=kernels.THREADS, programmatic=None):
     field = fields.get(id(kernel), "?")
     if shared_mem and field.startswith(target):
         shared_mem -= shrink
     seen.append((field, shared_mem))
-    real_launch(kernel, grid, args, shared_mem=shared_mem, threads=threads)
+    real_launch(kernel, grid, args, shared_mem=shared_mem, threads=threads, programmatic=programmatic)
 
 kernels.launch = launch
 plan.run(*to_gpu(q, k, v, lens))
@@ -103,13 +103,12 @@ def test_plan_shared_memory_fits_the_kernel(memcheck, options, target, name, cut
     import cupy
     import numpy as np
 
-    import santa_cupy
-    from tests.gpu_util import random_inputs, to_gpu
+    from tests.gpu_util import make_plan, random_inputs, to_gpu
 
     # compile here first (CuPy's kernel cache), so the child under the sanitizer only loads
     q, k, v, lens = random_inputs(np.random.default_rng(4), 2, 8, 2, 128, 3000, [3000, 17], "bfloat16")
-    santa_cupy.DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
-                          samples=1024, santa_min_length=0, **options).run(*to_gpu(q, k, v, lens))
+    make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16",
+              samples=1024, santa_min_length=0, **options).run(*to_gpu(q, k, v, lens))
     cupy.cuda.Device().synchronize()
 
     errors, launched, out = memcheck(options, target, 0)

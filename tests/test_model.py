@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llama_min.config import ConfigError, load_config
-from llama_min.model import AttentionConfig, LlamaModel, rope_inv_freq
+from llama_min.model import AttentionSetting, LlamaModel, rope_inv_freq
 from llama_min.weights import WeightsError
 
 # ------------------------------------------------------------------ tiny checkpoint writer
@@ -244,9 +244,9 @@ def test_santa_attention_with_many_samples_approximates_dense(tmp_path):
     model = LlamaModel.from_pretrained(path)
     ids = [3, 17, 5, 9, 30, 8, 1, 4]
     ref = ref_logits_all(W, cfg, ids)
-    for att in (AttentionConfig(method="santa", samples=1 << 16),
-                AttentionConfig(method="santa", samples=1 << 14, sampler="iid", budget="fixed"),
-                AttentionConfig(method="dense")):
+    for att in (AttentionSetting(method="santa", samples=1 << 16),
+                AttentionSetting(method="santa", samples=1 << 14, sampler="iid", budget="fixed"),
+                AttentionSetting(method="dense")):
         cache = model.new_cache(1, 10)
         model.prefill(np.array([ids[:4]]), cache)
         for t in range(4, len(ids)):
@@ -257,7 +257,7 @@ def test_santa_attention_with_many_samples_approximates_dense(tmp_path):
     for _ in range(2):
         cache = model.new_cache(1, 10)
         model.prefill(np.array([ids[:6]]), cache)
-        outs.append(model.decode(np.array([ids[6]]), cache, attention=AttentionConfig(method="santa", samples=2, seed=5)))
+        outs.append(model.decode(np.array([ids[6]]), cache, attention=AttentionSetting(method="santa", samples=2, seed=5)))
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
@@ -279,7 +279,7 @@ def test_one_pass_decodes_with_each_layers_previous_lse_as_hint(tmp_path, monkey
         return o, info
 
     monkeypatch.setattr(one_pass, "one_pass_attention", spy)
-    att = AttentionConfig(method="santa", budget="one_pass", samples=1 << 16)
+    att = AttentionSetting(method="santa", budget="one_pass", samples=1 << 16)
     cache = model.new_cache(1, 10)
     model.prefill(np.array([ids[:4]]), cache)
     for t in range(4, len(ids)):
@@ -443,7 +443,7 @@ def test_graph_decoder_matches_eager(tmp_path, method, dtype):
     from llama_min.graph import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
-    att = AttentionConfig(method=method, samples=64, seed=3, santa_min_length=0)
+    att = AttentionSetting(method=method, samples=64, seed=3, santa_min_length=0)
     steps, c1, c2 = _two_prefilled_caches(model, cfg, batch=2, prompt_len=9, n_steps=6, max_len=20, seed=0)
     eager = [cp.asnumpy(model.decode(t, c1, att)) for t in steps]
     gd = GraphDecoder(model, c2, att)
@@ -483,7 +483,7 @@ def test_gpu_long_prompt_chunked_and_santa(tmp_path):
     dense = cp.asnumpy(g.decode(np.array([5]), c_gpu))
     c2 = g.new_cache(1, 1200)
     g.prefill(ids[None], c2)
-    santa = cp.asnumpy(g.decode(np.array([5]), c2, AttentionConfig(method="santa", samples=1 << 15)))
+    santa = cp.asnumpy(g.decode(np.array([5]), c2, AttentionSetting(method="santa", samples=1 << 15)))
     _close(santa, dense, tol=3e-2)
     r1 = generate(g, list(ids[:50]), max_new_tokens=8)
     r2 = generate(g, list(ids[:50]), max_new_tokens=8, use_graph=True)

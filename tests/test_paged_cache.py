@@ -9,15 +9,15 @@ import pytest
 from click.testing import CliRunner
 
 from llama_min.generate import generate
-from llama_min.model import AttentionConfig, KVCache, LlamaModel, PageAllocator, PagedKVCache
+from llama_min.model import AttentionSetting, KVCache, LlamaModel, PageAllocator, PagedKVCache
 from santa_cupy import paged
 from test_model import make_tiny
 
 ATTENTIONS = {
-    "dense": AttentionConfig(method="dense"),
-    "santa": AttentionConfig(method="santa", samples=8, seed=3),          # few samples: any row move shows
-    "santa-fixed-iid": AttentionConfig(method="santa", samples=16, sampler="iid", budget="fixed", seed=1),
-    "santa-one-pass": AttentionConfig(method="santa", samples=32, budget="one_pass", seed=2),
+    "dense": AttentionSetting(method="dense"),
+    "santa": AttentionSetting(method="santa", samples=8, seed=3),          # few samples: any row move shows
+    "santa-fixed-iid": AttentionSetting(method="santa", samples=16, sampler="iid", budget="fixed", seed=1),
+    "santa-one-pass": AttentionSetting(method="santa", samples=32, budget="one_pass", seed=2),
 }
 
 
@@ -390,7 +390,7 @@ def test_gpu_paged_decoder_is_the_contiguous_one(tmp_path, method, dtype, gemv):
     from llama_min.graph import GraphDecoder
     path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, max_pos=64)
     model = LlamaModel.from_pretrained(path, device="gpu", dtype=dtype)
-    att = AttentionConfig(method=method, samples=64, seed=3, santa_min_length=0)
+    att = AttentionSetting(method=method, samples=64, seed=3, santa_min_length=0)
     B = 1 if gemv else 2
     prompt, steps = _tokens(cfg, B, 9, 10, seed=1)
     results = {}

@@ -13,7 +13,8 @@ import types
 import numpy as np
 import pytest
 
-from santa_cupy import kernels, spec
+from santa_cupy import kernel_choice, kernels, spec
+from tests.gpu_util import make_plan
 
 
 class FakeArray(np.ndarray):
@@ -107,15 +108,13 @@ CASES = [("dense", "global", "stream", ["decode_dense_partial", "santa_merge"]),
 def test_dense_self_merge_rule(launches):
     """v4 dense merges in its last block per KV group up to DENSE_SELF_MERGE_MAX_SPLITS splits a
     group; above, santa_merge follows it (and the kernel's self_merge flag is 0)."""
-    from santa_cupy import DecodePlan
-
     params = _kernel_params()["decode_dense_mma"]
     for L, merges in ((300, True), (60000, False)):
         q, k, v, lengths = _inputs(L=L)
         launches.clear()
-        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L, method="dense")
+        plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L, method="dense")
         plan.run(q, k, v, lengths)
-        assert plan.dense_merges_itself == merges == (plan.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
+        assert plan.dense_merges_itself == merges == (plan.P_max <= kernel_choice.DENSE_SELF_MERGE_MAX_SPLITS)
         assert [name for name, *_ in launches] == ["decode_dense_mma"] + ([] if merges else ["santa_merge"])
         args = launches[0][3]
         assert int(args[params.index("self_merge")]) == merges
@@ -123,33 +122,29 @@ def test_dense_self_merge_rule(launches):
 
 
 def test_forced_dense_splits(launches):
-    """DecodePlan(dense_splits=N): N splits a KV group of whole 16-row steps (fewer where rounding
+    """make_plan(dense_splits=N): N splits a KV group of whole 16-row steps (fewer where rounding
     makes the last ones empty), launched as such; the self-merge rule follows the count."""
-    from santa_cupy import DecodePlan
-
     for L, n, rows, splits in ((32768, 64, 512, 64), (1000, 3, 336, 3), (100, 64, 16, 7)):
         q, k, v, lengths = _inputs(L=L)
         launches.clear()
-        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L, method="dense", dense_splits=n)
+        plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L, method="dense", dense_splits=n)
         assert (plan.part_rows, plan.P_max) == (rows, splits)
-        assert plan.dense_merges_itself == (splits <= kernels.DENSE_SELF_MERGE_MAX_SPLITS)
+        assert plan.dense_merges_itself == (splits <= kernel_choice.DENSE_SELF_MERGE_MAX_SPLITS)
         plan.run(q, k, v, lengths)
         assert launches[0][1] == (2, plan.dense_pairs) and plan.dense_pairs == 2 * splits   # KV heads x pairs
     for bad in (0, -2, 2.0, True):
         with pytest.raises(ValueError, match="dense_splits"):
-            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method="dense", dense_splits=bad)
+            make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method="dense", dense_splits=bad)
 
 
 @pytest.mark.parametrize("method,budget,dense_kernel,expected", CASES)
 def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs()
     tile = dense_kernel == "block"                    # the column names the tile kernel instead
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
-                      dense_kernel=dense_kernel if method == "dense" else "stream",
-                      score_kernel=dense_kernel if method == "santa" and not tile else "stream",
-                      tile_kernel="block" if tile else "auto", santa_min_length=0)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method, budget=budget,
+                     dense_kernel=dense_kernel if method == "dense" else "stream",
+                     score_kernel=dense_kernel if method == "santa" and not tile else "stream",
+                     tile_kernel="block" if tile else "auto", santa_min_length=0)
     if not tile:
         assert (plan.dense_kernel if method == "dense" else plan.score_kernel) == \
             ("mma" if dense_kernel == "auto" else dense_kernel)
@@ -171,10 +166,8 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
 
 
 def test_standalone_stages_launch(launches):
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs()
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, samples=32)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, samples=32)
     counts = plan.sample_counts(q, k, lengths)
     assert counts.shape == (2, 8, 300) and counts.dtype == np.int32
     plan.run_from_counts(q, k, v, lengths, counts)
@@ -189,16 +182,14 @@ def test_standalone_stages_launch(launches):
 
 
 def test_plan_rejects_bad_out_and_mismatched_inputs(launches):
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs()
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300)
     with pytest.raises(ValueError, match="out must be"):
         plan.run(q, k, v, lengths, out=np.empty((2, 8, 64), np.uint16).view(FakeArray))
     with pytest.raises(ValueError, match="do not match the plan"):
         plan.run(*_inputs(H=4))
     with pytest.raises(ValueError, match="dense_kernel"):
-        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, dense_kernel="fast")
+        make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, dense_kernel="fast")
     assert launches == []
 
 
@@ -212,12 +203,10 @@ def test_every_kernel_instance_has_a_definition():
 
 
 def test_stage_launchers_cover_the_pipeline(launches):
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs()
     for method, budget in (("dense", "global"), ("santa", "global"), ("santa", "fixed")):
-        plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method,
-                          budget=budget)
+        plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=300, method=method,
+                         budget=budget)
         launches.clear()
         plan.run(q, k, v, lengths)
         full = [name for name, *_ in launches]
@@ -228,20 +217,18 @@ def test_stage_launchers_cover_the_pipeline(launches):
 
 
 def test_dense_kernel_auto_and_mma_limits(launches):
-    from santa_cupy import DecodePlan
-
     kw = dict(batch=2, heads=8, kv_heads=2, max_length=300, method="dense")
-    assert DecodePlan(head_dim=128, dtype="bfloat16", **kw).dense_kernel == "mma"
-    assert DecodePlan(head_dim=64, dtype="float16", **kw).dense_kernel == "mma"
-    assert DecodePlan(head_dim=256, dtype="bfloat16", **kw).dense_kernel == "stream"
-    assert DecodePlan(head_dim=128, dtype="float32", **kw).dense_kernel == "stream"
+    assert make_plan(head_dim=128, dtype="bfloat16", **kw).dense_kernel == "mma"
+    assert make_plan(head_dim=64, dtype="float16", **kw).dense_kernel == "mma"
+    assert make_plan(head_dim=256, dtype="bfloat16", **kw).dense_kernel == "stream"
+    assert make_plan(head_dim=128, dtype="float32", **kw).dense_kernel == "stream"
     with pytest.raises(ValueError, match="dense_kernel='mma' needs"):
-        DecodePlan(head_dim=256, dtype="bfloat16", dense_kernel="mma", **kw)
+        make_plan(head_dim=256, dtype="bfloat16", dense_kernel="mma", **kw)
     kw["method"] = "santa"
-    assert DecodePlan(head_dim=64, dtype="bfloat16", **kw).score_kernel == "mma"
-    assert DecodePlan(head_dim=128, dtype="float32", **kw).score_kernel == "stream"
+    assert make_plan(head_dim=64, dtype="bfloat16", **kw).score_kernel == "mma"
+    assert make_plan(head_dim=128, dtype="float32", **kw).score_kernel == "stream"
     with pytest.raises(ValueError, match="score_kernel='mma' needs"):
-        DecodePlan(head_dim=128, dtype="float32", score_kernel="mma", **kw)
+        make_plan(head_dim=128, dtype="float32", score_kernel="mma", **kw)
 
 
 @pytest.mark.parametrize("groups,max_parts,slots,want", [
@@ -270,41 +257,39 @@ def test_resident_blocks_arithmetic():
 
 
 def test_tile_kernel_choice(launches):
-    from santa_cupy import DecodePlan
-
     kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=30000)
-    assert DecodePlan(heads=8, **kw).tile_kernel == "warp"                  # 4.4 expected rows per tile
-    assert DecodePlan(heads=8, sampler="iid", **kw).tile_kernel == "block"
+    assert make_plan(heads=8, **kw).tile_kernel == "warp"                  # 4.4 expected rows per tile
+    assert make_plan(heads=8, sampler="iid", **kw).tile_kernel == "block"
     # the fixed budget: two-pass through the stash above 64 MB of K + V, one fused pass below
     big = dict(kw, batch=3)                                                  # 3 * 30000 * 2 * 128 * 2 * 2 = 92 MB
-    fixed = DecodePlan(heads=8, budget="fixed", **big)
+    fixed = make_plan(heads=8, budget="fixed", **big)
     assert (fixed.tile_kernel, fixed.two_pass) == ("warp", True)
-    small = DecodePlan(heads=8, budget="fixed", **kw)                        # 61 MB
+    small = make_plan(heads=8, budget="fixed", **kw)                        # 61 MB
     assert (small.tile_kernel, small.two_pass) == ("block", False)
-    assert DecodePlan(heads=8, budget="fixed", tile_kernel="warp", **kw).two_pass
+    assert make_plan(heads=8, budget="fixed", tile_kernel="warp", **kw).two_pass
     # on tensor cores where a tile is expected to select >= 16 rows (fp16/bf16 at D 64/128):
     # G * S * BN / L_max = 4 * 938 * 128 / 30000 = 16.008 rows
-    assert DecodePlan(heads=8, samples=937, **kw).tile_kernel == "warp"         # 15.99 rows
-    assert DecodePlan(heads=8, samples=938, **kw).tile_kernel == "warp_mma"
-    assert DecodePlan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_mma"
+    assert make_plan(heads=8, samples=937, **kw).tile_kernel == "warp"         # 15.99 rows
+    assert make_plan(heads=8, samples=938, **kw).tile_kernel == "warp_mma"
+    assert make_plan(heads=8, budget="fixed", samples=2048, **big).tile_kernel == "warp_mma"
     # without the tensor-core score pass (float32, head_dim 256) no warp pass 2: it needs that pass's prefix
-    assert DecodePlan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "block"
-    assert DecodePlan(heads=8, score_kernel="stream", **kw).tile_kernel == "block"
-    assert DecodePlan(heads=8, samples=2048, tile_kernel="warp", **kw).tile_kernel == "warp"
+    assert make_plan(heads=8, budget="fixed", samples=2048, dtype="float32", **big).tile_kernel == "block"
+    assert make_plan(heads=8, score_kernel="stream", **kw).tile_kernel == "block"
+    assert make_plan(heads=8, samples=2048, tile_kernel="warp", **kw).tile_kernel == "warp"
     with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs .*tensor-core score pass"):
-        DecodePlan(heads=8, dtype="float32", tile_kernel="warp_mma", **kw)
+        make_plan(heads=8, dtype="float32", tile_kernel="warp_mma", **kw)
     with pytest.raises(ValueError, match="tile_kernel='warp_mma' needs"):
-        DecodePlan(heads=8, sampler="iid", tile_kernel="warp_mma", **kw)
-    fixed_block = DecodePlan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
+        make_plan(heads=8, sampler="iid", tile_kernel="warp_mma", **kw)
+    fixed_block = make_plan(heads=8, budget="fixed", tile_kernel="block", **kw)   # one fused pass
     assert (fixed_block.two_pass, fixed_block.scores.size) == (False, 1)
-    assert DecodePlan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
-    assert DecodePlan(heads=8, budget="fixed", dtype="float32", **big).tile_kernel == "block"
-    assert DecodePlan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
+    assert make_plan(heads=8, budget="fixed", sampler="iid", **kw).tile_kernel == "block"
+    assert make_plan(heads=8, budget="fixed", dtype="float32", **big).tile_kernel == "block"
+    assert make_plan(heads=32, **kw).tile_kernel == "block"                 # G = 16 > 8
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):
-        DecodePlan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
+        make_plan(heads=8, sampler="stratified", tile_kernel="warp", **kw)
     for gone in ("grid", "warp_smem", "warp_staged", "warp_pipe"):            # the pipelined gather is "warp"
         with pytest.raises(ValueError, match="tile_kernel"):
-            DecodePlan(heads=8, tile_kernel=gone, **kw)
+            make_plan(heads=8, tile_kernel=gone, **kw)
 
 
 @pytest.mark.parametrize("tiles,groups,slots,want", [
@@ -321,11 +306,9 @@ def test_tiles_per_warp(tiles, groups, slots, want):
 
 
 def test_runs_of_tiles_launch_and_merge_stride(launches):
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3,
-                      santa_min_length=0)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3,
+                     santa_min_length=0)
     assert (plan.score_tpw, plan.tile_tpw, plan.T_max) == (3, 3, 24)
     plan.run(q, k, v, lengths)
     by_name = {name: (grid, args) for name, grid, _, args, _ in launches}
@@ -338,13 +321,13 @@ def test_runs_of_tiles_launch_and_merge_stride(launches):
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
     assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
     assert smem == [34816]                    # the staged layout (test_shared_memory_bytes_by_the_kernels_layout)
-    auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    auto = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
-    block = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
+    block = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
     assert block.tile_tpw == 1                                 # the block pass 2 writes a partial per tile
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="tiles_per_warp"):
-            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
+            make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=bad)
 
 
 # Dynamic shared memory of every kernel that takes some, for one shape each (bf16, head_dim 128,
@@ -379,10 +362,8 @@ SMEM_BY_LAYOUT = [
                          ids=[f"{k}-{o.get('tile_kernel', o.get('dense_kernel', o.get('budget')))}"
                               for o, k, _ in SMEM_BY_LAYOUT])
 def test_shared_memory_bytes_by_the_kernels_layout(launches, options, kernel, want):
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0, **options)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0, **options)
     plan.run(q, k, v, lengths)
     got = {smem for name, _, _, _, smem in launches if name == kernel}
     assert got == {want}, f"{kernel}: {got} bytes launched, its layout needs {want}"
@@ -435,11 +416,9 @@ def test_fixed_warp_launch(launches):
     """The fixed budget on the warp pass 2: the score pass and its prefix first (the prefix gives the
     tile weights), runs of tiles like the other budgets, the pre-weighted sums finished by the last
     warp (no merge launch)."""
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
-                      tile_kernel="warp", tiles_per_warp=5, santa_min_length=0)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
+                     tile_kernel="warp", tiles_per_warp=5, santa_min_length=0)
     assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]
@@ -473,11 +452,9 @@ def test_short_sequences_run_dense(launches):
     santa plan's outputs, its splits sized for the longest such sequence), the santa kernels skip
     them; "auto" derives the length from the shape and the device's bandwidth; a cache shorter than
     it makes the plan dense throughout (one launch)."""
-    from santa_cupy import DecodePlan
-
     params = _kernel_params()
     q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=1000)
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=1000)
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["decode_dense_mma", "santa_score_mma", "santa_prefix", "santa_tile_warp"]
     by_name = {name: args for name, _, _, args, _ in launches}
@@ -485,10 +462,10 @@ def test_short_sequences_run_dense(launches):
         assert int(by_name[name][params[name].index("santa_from")]) == 1000
     dense = plan._dense_plan
     assert dense.out is plan.out and dense.lse is plan.lse and dense.rows_read is plan.rows_read
-    assert dense.part_rows * dense.P_max >= 999 and dense.P_max <= kernels.DENSE_SELF_MERGE_MAX_SPLITS
+    assert dense.part_rows * dense.P_max >= 999 and dense.P_max <= kernel_choice.DENSE_SELF_MERGE_MAX_SPLITS
     assert by_name["decode_dense_mma"][params["decode_dense_mma"].index("self_merge")] == 1
     # auto: 15 us at the device's bandwidth (the stand-in reports none: 4.8 TB/s) over B * KVH * D * 2 bytes
-    auto = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+    auto = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.santa_from == kernels.santa_min_length(2, 2, 128, 2, 4.8e12) == 94688
     launches.clear()
     auto.run(q, k, v, lengths)
@@ -497,28 +474,26 @@ def test_short_sequences_run_dense(launches):
     assert kernels.santa_min_length(16, 8, 128, 2, 4.8e12) == 9727
     assert abs(kernels.device_bandwidth({"MemoryClockRate": 3_201_000, "GlobalMemoryBusWidth": 6144}) - 4.917e12) < 1e9
     # the dense plan's kernel takes every sequence; block-route santa plans do not mix
-    dplan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense")
+    dplan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense")
     launches.clear()
     dplan.run(q, k, v, lengths)
     assert int(launches[0][3][params["decode_dense_mma"].index("santa_from")]) == 2**31 - 1
-    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid").santa_from == 0
+    assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid").santa_from == 0
     with pytest.raises(ValueError, match="santa_min_length=500 needs the two-launch"):
-        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid", santa_min_length=500)
-    for bad in (-1, 2.5, "never", True):
-        with pytest.raises(ValueError, match="santa_min_length"):
-            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=bad)
+        make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid", santa_min_length=500)
+    for bad in (-1, 2.5, "never", True):          # the setting's check: TypeError for a non-integer
+        with pytest.raises((TypeError, ValueError), match="santa_min_length"):
+            make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=bad)
 
 
 def test_many_groups_merge_after_the_warp_pass(launches):
-    """Above kernels.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 writes run
+    """Above kernel_choice.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 writes run
     partials and santa_merge follows (o_stride = the run length, its santa_from the plan's)."""
-    from santa_cupy import DecodePlan
-
     params = _kernel_params()
     q, k, v, lengths = _inputs(B=2, H=64, KVH=32, L=3000)
     lengths = np.array([3000, 17], np.int32).view(FakeArray)
-    plan = DecodePlan(batch=2, heads=64, kv_heads=32, head_dim=128, max_length=3000, santa_min_length=0,
-                      tiles_per_warp=3)
+    plan = make_plan(batch=2, heads=64, kv_heads=32, head_dim=128, max_length=3000, santa_min_length=0,
+                     tiles_per_warp=3)
     assert not plan.finish_in_kernel
     plan.run(q, k, v, lengths)
     by_name = {name: args for name, _, _, args, _ in launches}
@@ -532,10 +507,8 @@ def test_many_groups_merge_after_the_warp_pass(launches):
 def test_one_pass_launches(launches):
     """budget="one_pass": santa_one_pass (its signature's arguments; the plan's lse as the default
     hint, a given one otherwise) then santa_merge over runs of one_tpw tiles, kind dense."""
-    from santa_cupy import DecodePlan
-
     q, k, v, lengths = _inputs(L=3000)
-    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass")
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass")
     assert np.isnan(plan.lse).all()                               # the first call takes every row
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_one_pass", "santa_merge"]   # one fill (host-side here)
@@ -563,13 +536,13 @@ def test_one_pass_launches(launches):
     with pytest.raises(ValueError, match="one_pass"):
         plan.sample_counts(q, k, lengths)
     with pytest.raises(ValueError, match="systematic"):
-        DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", sampler="iid")
-    other = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
+        make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", sampler="iid")
+    other = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     with pytest.raises(ValueError, match="lse_hint is for"):
         other.run(q, k, v, lengths, lse_hint=hint)
     for bad, what in ((dict(tile_kernel="warp"), "tile_kernel"), (dict(score_kernel="stream"), "score_kernel"),
                       (dict(santa_min_length=500), "no dense fallback")):
         with pytest.raises(ValueError, match=what):
-            DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", **bad)
-    assert DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass",
-                      santa_min_length=0).santa_from == 0
+            make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", **bad)
+    assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass",
+                     santa_min_length=0).santa_from == 0

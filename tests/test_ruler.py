@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from santa_cupy import AttentionSetting
 from santa_tools import evaluation as ev
 from santa_tools.evaluation import ruler as er
 from test_model import make_tiny
@@ -143,7 +144,8 @@ def test_write_jsonl_round_trip_and_deterministic(tmp_path, suffix):
 
 def test_parse_setting_uses_the_setting_labels():
     st = er.runs.parse_setting("systematic/global/S=256")
-    assert st == ev.settings.Setting("santa", "systematic", "global", 256) and st.label == "systematic/global/S=256"
+    assert st == AttentionSetting(method="santa", sampler="systematic", budget="global", samples=256)
+    assert st.label == str(st) == "systematic/global/S=256"
     assert er.runs.parse_setting("dense") is ev.settings.DENSE
     assert er.runs.parse_setting(" iid/fixed/S=2048 ").samples == 2048
     for bad in ("systematic/global", "foo/global/S=4", "iid/one_pass/S=256", "iid/fixed/S=0", "S=256"):

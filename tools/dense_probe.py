@@ -6,8 +6,8 @@ For each case (llama8b shapes, bf16, rotating copies >= 3x L2 as in `bench kerne
   * the streaming read (santa_tools.bench.timing's stream_read) of exactly the K+V bytes, by launch shape: the
     floor of a read that size (ramp and tail included), not the 2 GiB rotating-buffer ceiling;
   * our dense call, plain and with programmatic launch, and its stages alone (split-KV, merge);
-  * the merge in the kernel's last block against santa_merge after it (kernels.DENSE_SELF_MERGE_MAX_SPLITS
-    toggled for the one plan, then restored);
+  * the merge in the kernel's last block against santa_merge after it (the plan's
+    KernelChoice(self_merge_max_splits=...) raised or 0);
   * our dense on a head-major copy (each KV head its own sequence: K/V rows contiguous per head);
   * torch SDPA cuDNN / flash on a contiguous [B, KVH, L, D] copy and on a zero-copy strided view of
     our [B, L, KVH, D] cache (skipped without torch).
@@ -22,15 +22,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from santa_tools import bench  # noqa: E402
-from santa_cupy import DecodePlan, kernels  # noqa: E402
+from santa_cupy import DecodePlan  # noqa: E402
+from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 
 def timed(cp, fns, inner=20, repeats=30) -> float:
     return bench.timing.time_cupy_graph(cp, fns, inner, repeats)[0]
 
 
-def dense_plan(shape, B, L, **kw):
+def dense_plan(shape, B, L, **choice):
+    """A dense plan, ``choice`` the KernelChoice fields it forces."""
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-                      max_length=L, dtype=shape.dtype, method="dense", **kw)
+                      max_length=L, dtype=shape.dtype, method="dense", _kernels=KernelChoice(**choice))
 
 
 def plan_calls(plan, inputs, lengths):
@@ -41,24 +43,15 @@ def ours(cp, shape, B, L, inputs) -> dict:
     lengths = cp.full((B,), L, cp.int32)
     rows = {}
     for pdl in (False, True):
-        kernels.set_programmatic_launch(pdl)
-        try:
-            rows["ours" + (" (programmatic launch)" if pdl else "")] = timed(cp, plan_calls(dense_plan(shape, B, L),
-                                                                                            inputs, lengths))
-        finally:
-            kernels.set_programmatic_launch(False)
+        rows["ours" + (" (programmatic launch)" if pdl else "")] = timed(
+            cp, plan_calls(dense_plan(shape, B, L, programmatic=pdl), inputs, lengths))
     plan = dense_plan(shape, B, L)
     plan.run(*inputs[0], lengths)
     stages = [plan.stage_launchers(q, k, v, lengths) for q, k, v in inputs]
     for name in stages[0]:
         rows[f"  stage: {name}"] = timed(cp, [s[name] for s in stages])
-    cap = kernels.DENSE_SELF_MERGE_MAX_SPLITS
     for merges_itself in (True, False):
-        kernels.DENSE_SELF_MERGE_MAX_SPLITS = 1 << 30 if merges_itself else 0
-        try:
-            p = dense_plan(shape, B, L)
-        finally:
-            kernels.DENSE_SELF_MERGE_MAX_SPLITS = cap
+        p = dense_plan(shape, B, L, self_merge_max_splits=1 << 30 if merges_itself else 0)
         what = "merge in the last block" if merges_itself else "santa_merge after it"
         rows[f"  {p.P_max} splits a group, {what}"] = timed(cp, plan_calls(p, inputs, lengths))
     return rows

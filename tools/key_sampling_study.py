@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 from santa_tools import evaluation as ev  # noqa: E402  (long text, prefill / clone helpers, KL; used, never edited)
 from llama_min import models  # noqa: E402
-from llama_min.model import AttentionConfig, LlamaModel  # noqa: E402
+from llama_min.model import DENSE, LlamaModel  # noqa: E402
 from llama_min.tokenizer import Tokenizer  # noqa: E402
 from santa_cupy import key_sampling as ks  # noqa: E402
 
@@ -131,7 +131,7 @@ def dense_run(model, cache0, ids, start, steps):
 
     cache = ev.decoding.clone_cache(model, cache0)
     with Patched(model, make):
-        logits = [model.decode(np.asarray([t]), cache, AttentionConfig())[0] for t in ids[start:start + steps]]
+        logits = [model.decode(np.asarray([t]), cache, DENSE)[0] for t in ids[start:start + steps]]
     return np.stack(logits).astype(np.float64), qs, cache
 
 
@@ -182,7 +182,7 @@ def sampled_run(model, cache0, ids, start, steps, st: Setting, seed, orders):
 
     cache = ev.decoding.clone_cache(model, cache0)
     with Patched(model, make):
-        logits = [model.decode(np.asarray([t]), cache, AttentionConfig())[0] for t in ids[start:start + steps]]
+        logits = [model.decode(np.asarray([t]), cache, DENSE)[0] for t in ids[start:start + steps]]
     return np.stack(logits).astype(np.float64), float(np.mean(fractions))
 
 

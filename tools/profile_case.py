@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
-from santa_cupy import DecodePlan, spec  # noqa: E402
+from santa_cupy import AttentionSetting, DecodePlan, spec  # noqa: E402
+from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("method", help="dense, santa-<budget>-<sampler>-<S> or torch-<flash|cudnn> (the baseline)")
@@ -57,12 +58,12 @@ if a.method.startswith("torch-"):                  # the baseline, on a contiguo
     sys.exit(0)
 if a.method == "dense":
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
-                      method="dense", dense_kernel=kind)
+                      method="dense", _kernels=KernelChoice(dense_kernel=kind))
 else:
-    _, budget, sampler, s = a.method.split("-")
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
-                      samples=int(s), sampler=sampler, budget=budget, score_kernel=kind, tile_kernel=a.tile_kernel,
-                      tiles_per_warp=a.tiles_per_warp)
+                      setting=AttentionSetting.parse(a.method),          # santa-<budget>-<sampler>-<S>
+                      _kernels=KernelChoice(score_kernel=kind, tile_kernel=a.tile_kernel,
+                                            tiles_per_warp=a.tiles_per_warp))
     print(f"score {plan.score_kernel} x{plan.score_tpw}, pass 2 {plan.tile_kernel} x{plan.tile_tpw}")
 for _ in range(a.runs):
     plan.run(q, k, v, lengths)

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
 from santa_cupy import DecodePlan, spec  # noqa: E402
+from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 
 rng = np.random.default_rng(1)
 B, H, KVH, D, L = 3, 8, 2, 128, 700
@@ -21,9 +22,10 @@ kw = dict(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=64)
 DecodePlan(method="dense", **kw).run(q, k, v, lengths)
 for budget in ("global", "fixed"):
     for tile in ("warp", "warp_mma"):
-        for finish in (True, False):
-            plan = DecodePlan(budget=budget, tile_kernel=tile, santa_min_length=0, **kw)
-            plan.finish_in_kernel = finish
+        for finish in (True, False):     # B * KVH = 6 groups: finishing in the kernel unless the cap is 0
+            choice = KernelChoice(tile_kernel=tile, finish_max_groups=B * KVH if finish else 0)
+            plan = DecodePlan(budget=budget, santa_min_length=0, _kernels=choice, **kw)
+            assert plan.finish_in_kernel == finish
             plan.run(q, k, v, lengths)
 DecodePlan(santa_min_length=200, **kw).run(q, k, v, lengths)
 DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)

@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
 from santa_cupy import DecodePlan, decode_attention, spec  # noqa: E402
+from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 
 rng = np.random.default_rng(0)
 B, H, KVH, D, L = 3, 8, 2, 64, 200
@@ -20,7 +21,7 @@ q, k, v, lengths = (cupy.asarray(a) for a in (q, k, v, lengths))
 decode_attention(q, k, v, lengths, method="dense")
 for kind in ("stream", "mma"):
     DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, method="dense",
-               dense_kernel=kind).run(q, k, v, lengths)
+               _kernels=KernelChoice(dense_kernel=kind)).run(q, k, v, lengths)
 for budget in spec.BUDGETS:
     for sampler in spec.SAMPLERS:
         plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
@@ -32,20 +33,20 @@ for budget in spec.BUDGETS:
             # tensor-core gathers, finishing in the kernel and through santa_merge
             sys_only = (lambda kind: kind if sampler == "systematic" else "auto")
             for tile in ("auto", sys_only("warp"), sys_only("warp_mma")):
-                for finish in (True, False):
+                for finish in (True, False):      # finish_max_groups 0: the runs' partials and santa_merge
+                    choice = KernelChoice(tiles_per_warp=runs, tile_kernel=tile,
+                                          **({} if finish else {"finish_max_groups": 0}))
                     p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
-                                   sampler=sampler, budget=budget, block_n=64, tiles_per_warp=runs, tile_kernel=tile,
-                                   santa_min_length=0)
-                    p.finish_in_kernel = p.finish_in_kernel and finish
+                                   sampler=sampler, budget=budget, block_n=64, santa_min_length=0, _kernels=choice)
                     p.run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                   budget=budget, block_n=64, score_kernel="stream").run(q, k, v, lengths)
+                   budget=budget, block_n=64, _kernels=KernelChoice(score_kernel="stream")).run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
-                   budget=budget, block_n=64, tile_kernel="block").run(q, k, v, lengths)
+                   budget=budget, block_n=64, _kernels=KernelChoice(tile_kernel="block")).run(q, k, v, lengths)
 # the one-pass budget: its first call (NaN hint: every row), a hint, runs of 1 and 3 tiles
 for runs in (1, 3):
     p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget="one_pass",
-                   block_n=64, tiles_per_warp=runs)
+                   block_n=64, _kernels=KernelChoice(tiles_per_warp=runs))
     p.run(q, k, v, lengths)
     p.run(q, k, v, lengths)
 # paged caches (shuffled pages, page sizes on and off the 16-key step path, both layouts) and a
@@ -92,13 +93,14 @@ for cfg in (SamplingConfig(greedy=True, repetition_penalty=1.2),
             SamplingConfig(greedy=False, top_k=40, top_p=0.9, seed=1, repetition_penalty=1.3)):
     TokenSampler(cupy, cfg, B, 1003, context=[[1, 2]] * B)(
         cupy.asarray(np.round(rng.standard_normal((B, 1003)) * 2).astype(np.float32)))
-# everything again with programmatic dependent launch (sm_90+: kernels start before their predecessor ends)
+# everything again with programmatic dependent launch (sm_90+: kernels start before their predecessor ends):
+# the plans' own choice, then the process-wide switch (decode_attention's plans and the decoder's kernels)
 from santa_cupy import kernels  # noqa: E402
+for budget in spec.BUDGETS:
+    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget=budget,
+               block_n=64, _kernels=KernelChoice(programmatic=True)).run(q, k, v, lengths)
 if kernels.set_programmatic_launch(True):
     decode_attention(q, k, v, lengths, method="dense")
-    for budget in spec.BUDGETS:
-        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget=budget,
-                   block_n=64).run(q, k, v, lengths)
     decoder_ops.gemv(x16, w16, out=y, accumulate=True)
     decoder_ops.rope_append(qkv, table, table, cupy.asarray(np.array([3, 0, L - 1], np.int32)), k, v, H, KVH,
                             "bfloat16")

@@ -124,15 +124,13 @@ def _e2e_rows(cp, model, cache, L, steps, warmup, methods, gemv=None, graph=True
     """Time llama_min's decode step for each method over the same weights and cache, reset to
     L tokens before each method: a CUDA graph (GraphDecoder) replayed, or eager model.decode()."""
     from llama_min.graph import GraphDecoder
-    from llama_min.model import AttentionConfig
 
     B = cache.batch
     rows = []
     for m in methods:
         cache.lengths[...] = L
         cache.length, cache.step = L, 0
-        att = AttentionConfig(method=m.kind, **({} if m.kind == "dense" else    # santa at every length:
-                              dict(samples=m.samples, sampler=m.sampler, budget=m.budget, santa_min_length=0)))
+        att = m.setting if m.kind == "dense" else m.setting.replace(santa_min_length=0)   # santa at every length
         tokens = cp.ones((B,), cp.int32)
         if graph:
             gd = GraphDecoder(model, cache, att, gemv=gemv, programmatic_launch=programmatic)

@@ -12,7 +12,7 @@ import click
 from llama_min.commands import check_output_path
 from santa_tools.bench.accounting import add_derived, attention_bytes, copies_for, kv_bytes
 from santa_tools.bench.gpu import _cupy, _optional_flashinfer, _optional_torch, gpu_metadata, random_array
-from santa_tools.bench.methods import L2_FACTOR, Method, PAGED_SUFFIXES, QUICK, SANTA_SUFFIX_OPTIONS, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
+from santa_tools.bench.methods import L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
 from santa_tools.bench.paged import PAGE_ROWS, PagedLayout, paged_cache
 from santa_tools.bench.peers import bench_flashinfer, bench_torch
 from santa_tools.bench.report import _log, fmt_bytes, fmt_context, kernel_table, plot_rows, run_metadata, stage_table, write_outputs
@@ -30,38 +30,29 @@ def make_inputs(cp, shape: Shape, B: int, L: int, n: int) -> list[tuple]:
     return out
 
 
-def our_plan(method: Method, shape: Shape, B: int, L: int, **options):
-    """The DecodePlan of one of our methods (dense kernel version or santa settings); options:
-    DecodePlan keywords that override the method's (e.g. santa_min_length=0)."""
+def our_plan(method: Method, shape: Shape, B: int, L: int, *, programmatic=None, **options):
+    """The DecodePlan of one of our methods: its attention setting (``options``: setting fields
+    that override it, e.g. santa_min_length=0) and the kernel choice its suffix names;
+    ``programmatic``: the plan's programmatic-launch mode (KernelChoice.programmatic)."""
+    import dataclasses
+
     from santa_cupy import DecodePlan
 
-    paged = method.backend in PAGED_SUFFIXES
-    if paged:
-        kw = dict(method=method.kind, page_size=PAGE_ROWS)
-        if method.kind == "santa":
-            kw.update(samples=method.samples, sampler=method.sampler, budget=method.budget)
-    elif method.kind == "dense" and method.backend.startswith("p"):
-        kw = dict(method="dense", dense_splits=int(method.backend[1:]))
-    elif method.kind == "dense":
-        kw = dict(method="dense", dense_kernel=method.backend or "auto")
-    else:
-        kw = dict(method="santa", samples=method.samples, sampler=method.sampler, budget=method.budget)
-        if method.backend in SANTA_SUFFIX_OPTIONS:
-            kw.update(SANTA_SUFFIX_OPTIONS[method.backend])
-        elif method.backend:                         # a score-pass version
-            kw["score_kernel"] = method.backend
-    kw.update(options)
+    paged = dict(page_size=PAGE_ROWS) if method.paged else {}
+    choice = dataclasses.replace(method.kernel_choice(), programmatic=programmatic)
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-                      max_length=L, dtype=shape.dtype, **kw)
+                      max_length=L, dtype=shape.dtype, setting=method.plan_setting().replace(**options),
+                      _kernels=choice, **paged)
 
 
-def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner, repeats) -> dict:
+def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner, repeats, pdl=False) -> dict:
     """One DecodePlan; plan.run(q, k, v, lengths, validate=False) over the rotating inputs. The RNG
-    step is NOT advanced inside the timed graph (each input copy draws its own samples anyway)."""
-    plan = our_plan(method, shape, B, L)
+    step is NOT advanced inside the timed graph (each input copy draws its own samples anyway).
+    pdl: the plan launches with programmatic dependent launch."""
+    plan = our_plan(method, shape, B, L, programmatic=pdl)
     lengths = cp.full((B,), L, dtype=cp.int32)
     table = None
-    if method.backend in PAGED_SUFFIXES:         # the caches as pages (a free view when L % PAGE_ROWS == 0)
+    if method.paged:                             # the caches as pages (a free view when L % PAGE_ROWS == 0)
         import numpy as np
         layout = PagedLayout(B, L)
         ids = layout.indices()
@@ -97,7 +88,7 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
         row = dict(base, method=m.name, external=m.external, copies=n, inner=n_inner)
         try:
             if m.kind in ("dense", "santa"):
-                row.update(bench_ours(cp, m, shape, B, L, inputs, n_inner, repeats))
+                row.update(bench_ours(cp, m, shape, B, L, inputs, n_inner, repeats, pdl))
             elif m.kind == "torch" and torch is not None:
                 row.update(bench_torch(torch, cp, m, shape, B, L, inputs, n_inner, repeats, budget_bytes, l2))
             elif m.kind == "flashinfer" and flashinfer is not None and torch is not None:
@@ -140,7 +131,8 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               callback=check_output_path, help="PNG plot (needs matplotlib).")
 @click.option("--pdl", is_flag=True, help="Launch our kernels with programmatic dependent launch "
-                                         "(kernels.set_programmatic_launch; sm_90+): each call overlaps the previous.")
+                                         "(the plans' KernelChoice(programmatic=True); sm_90+): each call overlaps "
+                                         "the previous.")
 def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner, mem_gb, no_ceiling, pdl,
                     json_path, markdown_path, plot_path):
     """Decode-attention kernels vs our dense and external dense baselines."""
@@ -168,15 +160,13 @@ def kernels_command(batch, context, shapes, methods, full, quick, repeats, inner
     grid = expand_grid(shape_list, batches, contexts)
     rows = []
     from santa_cupy import kernels
-    meta["programmatic_launch"] = kernels.set_programmatic_launch(pdl)
-    try:
-        with click.progressbar(grid, label="kernels", file=sys.stderr,
-                               item_show_func=lambda c: c and f"{c[0].name} B={c[1]} L={fmt_context(c[2])}") as bar:
-            for shape, B, L in bar:
-                rows += bench_config(cp, torch, flashinfer, shape, B, L, method_objs, l2=meta["l2_bytes"],
-                                     budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats, pdl=pdl)
-    finally:
-        kernels.set_programmatic_launch(False)
+    meta["programmatic_launch"] = bool(pdl and kernels.programmatic_launch_available())
+    with click.progressbar(grid, label="kernels", file=sys.stderr,
+                           item_show_func=lambda c: c and f"{c[0].name} B={c[1]} L={fmt_context(c[2])}") as bar:
+        for shape, B, L in bar:
+            rows += bench_config(cp, torch, flashinfer, shape, B, L, method_objs, l2=meta["l2_bytes"],
+                                 budget_bytes=int(mem_gb * 1e9), n_inner=inner, repeats=repeats,
+                                 pdl=meta["programmatic_launch"])
     add_derived(rows, ceiling and ceiling["read_tbps"])
     write_outputs(meta, ceiling, rows, kernel_table(rows), json_path=json_path, markdown_path=markdown_path)
     if plot_path:

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import click
 
+from santa_cupy import spec
+from santa_cupy.setting import AttentionSetting
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -25,20 +28,21 @@ SHAPES = {
     "smollm2": Shape("smollm2", heads=9, kv_heads=3, head_dim=64),
 }
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
-BUDGETS = ("fixed", "global", "largest_remainder")
-SAMPLERS = ("iid", "stratified", "systematic")
+BUDGETS, SAMPLERS = spec.BUDGETS, spec.SAMPLERS        # the one list of each (santa_cupy.spec)
 SAMPLE_COUNTS = (128, 256, 512, 2048)
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); none = "auto"
-# santa suffixes: a score-pass version, "block" = the v2 block-per-tile pass 2 (score "auto"; for
-# the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
-# (tiles_per_warp=1, as before runs of tiles), or the warp pass 2's gather forced: "warp" = staged
-# through shared memory, light tiles pipelined (tile_kernel="warp"), "warpmma" = staged and on
-# tensor cores (tile_kernel="warp_mma"), or "always" = santa at every length (no
+# Method name suffixes -> the plan's kernel choice (santa_cupy/kernel_choice.py KernelChoice fields):
+# a dense or score-pass version (KERNEL_VERSIONS), "block" = the v2 block-per-tile pass 2 (score
+# "auto"; for the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
+# (as before runs of tiles), or the warp pass 2's gather forced: "warp" = staged through shared
+# memory, light tiles pipelined, "warpmma" = staged and on tensor cores; dense "p<N>": N splits a KV group
+SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
+                         "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"}}
+# ... and the suffixes that change the attention setting: "always" = santa at every length (no
 # dense fallback below the plan's santa_min_length)
-SANTA_SUFFIX_OPTIONS = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
-                        "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"},
-                        "always": {"santa_min_length": 0}}
+SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}}
+SANTA_SUFFIX_OPTIONS = {**SANTA_KERNEL_SUFFIXES, **SANTA_SETTING_SUFFIXES}
 # "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
 # (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
 PAGED_SUFFIXES = ("paged", "shuffled")
@@ -57,15 +61,37 @@ MAX_COPIES = 64
 
 @dataclass(frozen=True)
 class Method:
-    """kind: dense | santa | torch | flashinfer. santa has budget/sampler/samples, torch a backend,
-    dense and santa a kernel version or an option in `backend` ("" = the defaults, "stream" = the
-    generic FMA kernels, SANTA_SUFFIX_OPTIONS)."""
+    """What one benchmark row runs. kind: dense | santa (ours: ``setting``, a
+    santa_cupy.AttentionSetting, plus kernel-choice overrides named by ``backend``) | torch (a
+    torch SDPA ``backend``) | flashinfer. ``backend`` "" = the defaults, else a suffix of the name
+    (KERNEL_VERSIONS, SANTA_SUFFIX_OPTIONS, PAGED_SUFFIXES, dense "p<N>")."""
 
     kind: str
-    budget: str = ""
-    sampler: str = ""
-    samples: int = 0
+    setting: AttentionSetting | None = None
     backend: str = ""
+
+    def __post_init__(self):
+        if self.kind == "dense" and self.setting is None:
+            object.__setattr__(self, "setting", AttentionSetting(method="dense"))
+        if self.kind == "santa" and (self.setting is None or self.setting.method != "santa"):
+            raise ValueError(f"a santa method needs a santa AttentionSetting, got {self.setting!r}")
+
+    @classmethod
+    def santa(cls, budget, sampler, samples, backend="") -> "Method":
+        return cls("santa", AttentionSetting(method="santa", budget=budget, sampler=sampler, samples=int(samples)),
+                   backend)
+
+    @property
+    def budget(self) -> str:
+        return self.setting.budget if self.kind == "santa" else ""
+
+    @property
+    def sampler(self) -> str:
+        return self.setting.sampler if self.kind == "santa" else ""
+
+    @property
+    def samples(self) -> int:
+        return self.setting.samples if self.kind == "santa" else 0
 
     @property
     def name(self) -> str:
@@ -80,6 +106,28 @@ class Method:
     @property
     def external(self) -> bool:
         return self.kind in ("torch", "flashinfer")
+
+    @property
+    def paged(self) -> bool:
+        return self.backend in PAGED_SUFFIXES
+
+    def plan_setting(self) -> AttentionSetting:
+        """Our methods' attention setting, with the suffix's setting changes ("always")."""
+        return self.setting.replace(**SANTA_SETTING_SUFFIXES.get(self.backend, {}))
+
+    def kernel_choice(self):
+        """Our methods' santa_cupy.kernel_choice.KernelChoice: the overrides the suffix names."""
+        from santa_cupy.kernel_choice import KernelChoice
+
+        if self.paged or not self.backend or self.backend in SANTA_SETTING_SUFFIXES:
+            return KernelChoice()
+        if self.kind == "dense":
+            if self.backend.startswith("p"):
+                return KernelChoice(dense_splits=int(self.backend[1:]))
+            return KernelChoice(dense_kernel=self.backend)
+        if self.backend in SANTA_KERNEL_SUFFIXES:
+            return KernelChoice(**SANTA_KERNEL_SUFFIXES[self.backend])
+        return KernelChoice(score_kernel=self.backend)        # a score-pass version
 
 
 def parse_method(name: str) -> Method:
@@ -96,8 +144,12 @@ def parse_method(name: str) -> Method:
         return Method("torch", backend=parts[1])
     if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS):
         budget, sampler, s = parts[1:4]
-        if budget in BUDGETS + ("one_pass",) and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
-            return Method("santa", budget, sampler, int(s), backend=parts[4] if len(parts) == 5 else "")
+        if budget in spec.DECODE_BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
+            try:
+                setting = AttentionSetting.parse("-".join(parts[:4]))   # the setting's checks (one_pass: systematic)
+            except ValueError as e:
+                raise click.BadParameter(f"{name!r}: {e}", param_hint="--methods") from None
+            return Method("santa", setting, backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
         f"flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
@@ -111,7 +163,7 @@ def method_list(names=None, *, full=False, quick=False, have_torch=False, have_f
     if names:
         return [parse_method(n) for n in names]
     if full:
-        ours = [Method("dense")] + [Method("santa", b, s, n) for b in BUDGETS for s in SAMPLERS
+        ours = [Method("dense")] + [Method.santa(b, s, n) for b in BUDGETS for s in SAMPLERS
                                     for n in SAMPLE_COUNTS]
         backends = TORCH_BACKENDS
     elif quick:

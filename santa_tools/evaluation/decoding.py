@@ -163,7 +163,7 @@ class OnePassLayers:
     llama_min's GPU decoder refuses this budget: its one plan for all layers would give each layer
     the previous layer's lse.
 
-    Use it with a dense AttentionConfig, whose plan then never runs (gpu_attention): the hook
+    Use it with a dense AttentionSetting, whose plan then never runs (gpu_attention): the hook
     replaces every layer's attention and, after the last layer, advances every plan's device step
     counter (captured into a CUDA graph with the rest). reset(step) before a new sequence: the step
     counters and the hints (NaN) back in place."""
@@ -194,8 +194,8 @@ def gpu_attention(model, cache, attention):
     OnePassLayers on a dense config, anything else as it is (hook None)."""
     if model.xp is np or not is_one_pass(attention):
         return attention, None
-    from llama_min.model import AttentionConfig
-    return AttentionConfig(method="dense", block_n=attention.block_n), OnePassLayers(model, cache, attention)
+    from santa_cupy import AttentionSetting
+    return AttentionSetting(method="dense", block_n=attention.block_n), OnePassLayers(model, cache, attention)
 
 
 def eager_greedy(model, cache, first: int, n: int, attention, stop_ids=(), done=None) -> list[int]:

@@ -15,7 +15,7 @@ from santa_tools.evaluation.config import EvalConfig, check_lengths_fit, retriev
 from santa_tools.evaluation.decoding import AttentionRecorder, clone_cache, make_stepper, pick_device, prefilled_cache, to_host
 from santa_tools.evaluation.metrics import exact_attention, exact_match_length, kl_from_logits, perplexity, relative_l2, retrieval_success, token_nll, top1_agreement
 from santa_tools.evaluation.report import write_report
-from santa_tools.evaluation.settings import DENSE, settings_grid
+from santa_tools.evaluation.settings import DENSE, run_setting, settings_grid
 from santa_tools.evaluation.texts import long_text_ids, passcode, retrieval_prompt_ids
 
 
@@ -26,9 +26,8 @@ def _progress(length: int, label: str):
 def capture_attention_inputs(model, ids) -> dict[int, tuple]:
     """Dense prefill of ids[:-1], one dense decode of ids[-1]; -> {layer: (q, k, v, lengths)}."""
     cache = prefilled_cache(model, ids[:-1], len(ids))
-    from llama_min.model import AttentionConfig
     rec = AttentionRecorder()
-    model.decode(np.asarray([ids[-1]], np.int64), cache, AttentionConfig(method="dense"), attention_hook=rec)
+    model.decode(np.asarray([ids[-1]], np.int64), cache, DENSE, attention_hook=rec)
     return rec.calls
 
 
@@ -56,10 +55,9 @@ def kernel_errors(captured, layers, settings, seeds, block_n=None, progress=None
             errs = {}
             for li in layers:
                 q, kc, vc, lens = captured[li]
-                kw = {} if st.method == "dense" else dict(samples=st.samples, sampler=st.sampler,
-                                                          budget=st.budget, seed=int(seed))
-                o = santa_cupy.decode_attention(q, kc, vc, lens, method=st.method, layer=li,
-                                                block_n=block_n, **kw)
+                call = st.replace(block_n=block_n) if st.method == "dense" else \
+                    st.replace(seed=int(seed), block_n=block_n)      # santa_min_length: the setting's
+                o = santa_cupy.decode_attention(q, kc, vc, lens, call, layer=li)
                 errs[li] = relative_l2(to_host(spec.to_float32(o)), exact[li])
                 if progress is not None:
                     progress.update(1)
@@ -98,9 +96,9 @@ def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block
     ids = [int(t) for t in ids]
     targets = np.asarray(ids[prefix + 1:])
     cache0 = prefilled_cache(model, ids[:prefix], max(len(ids), prefix + 1 + greedy_n) + 1)
-    dense_logits = teacher_forced(model, cache0, ids, prefix, DENSE.attention(0, block_n))
+    dense_logits = teacher_forced(model, cache0, ids, prefix, run_setting(DENSE, 0, block_n))
     margins: list[float] = []
-    dense_greedy = greedy_tokens(model, cache0, ids[prefix], greedy_n, DENSE.attention(0, block_n),
+    dense_greedy = greedy_tokens(model, cache0, ids[prefix], greedy_n, run_setting(DENSE, 0, block_n),
                                  margins=margins)
     if progress is not None:
         progress.update(1)
@@ -110,7 +108,7 @@ def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block
     for st in settings:
         per_seed = []
         for seed in seeds:
-            att = st.attention(int(seed), block_n)
+            att = run_setting(st, int(seed), block_n)
             lg = teacher_forced(model, cache0, ids, prefix, att)
             gr = greedy_tokens(model, cache0, ids[prefix], greedy_n, att)
             per_seed.append({"seed": int(seed),
@@ -139,7 +137,7 @@ def retrieval_trials(model, tok, lengths, depths, needles, settings, seeds, answ
                 cache0 = prefilled_cache(model, ids[:-1], len(ids) + answer_tokens + 1)
                 for st, seed in runs:
                     ans = greedy_tokens(model, cache0, ids[-1], answer_tokens,
-                                        st.attention(seed, block_n), stop)
+                                        run_setting(st, seed, block_n), stop)
                     text = tok.decode(ans)
                     out[st.label]["trials"].append({
                         "length": L, "tokens": len(ids), "depth": d, "needle": r, "seed": seed,

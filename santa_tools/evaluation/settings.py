@@ -1,41 +1,25 @@
-"""The attention setting under test (dense, or SANTA's sampler / budget / samples) and the grid of them.
+"""The attention settings under test (santa_cupy.AttentionSetting: dense, or SANTA's sampler / budget /
+samples) and the grid of them. A setting's name (``str``, ``.label``) is its row in the tables and
+its key in the result files: "dense", "systematic/global/S=256".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from santa_cupy.setting import AttentionSetting
+
+DENSE = AttentionSetting(method="dense")
 
 
-
-@dataclass(frozen=True)
-class Setting:
-    """One attention configuration under test ("dense" has no sampler/budget/S)."""
-
-    method: str = "dense"
-    sampler: str = ""
-    budget: str = ""
-    samples: int = 0
-
-    @property
-    def label(self) -> str:
-        if self.method == "dense":
-            return "dense"
-        return f"{self.sampler}/{self.budget}/S={self.samples}"
-
-    def attention(self, seed: int, block_n=None):
-        from llama_min.model import AttentionConfig
-        if self.method == "dense":
-            return AttentionConfig(method="dense", block_n=block_n)
-        return AttentionConfig(method="santa", samples=self.samples, sampler=self.sampler,   # the estimator
-                               budget=self.budget, seed=seed, block_n=block_n, santa_min_length=0)  # everywhere
+def run_setting(setting: AttentionSetting, seed: int, block_n=None) -> AttentionSetting:
+    """The setting a run decodes with: the estimator everywhere (santa_min_length=0: no dense
+    fallback for short sequences), with the run's seed and tile size (dense: the tile size only)."""
+    if setting.method == "dense":
+        return setting.replace(block_n=block_n)
+    return setting.replace(seed=int(seed), block_n=block_n, santa_min_length=0)
 
 
-DENSE = Setting()
-
-
-def settings_grid(samplers, budgets, samples) -> list[Setting]:
+def settings_grid(samplers, budgets, samples) -> list[AttentionSetting]:
     """Every sampler x budget x S; the one-pass budget only with the systematic sampler (its design)."""
     from santa_cupy import spec
-    return [Setting("santa", sm, bu, int(s)) for sm in samplers for bu in budgets for s in samples
-            if bu != spec.ONE_PASS or sm == "systematic"]
-
+    return [AttentionSetting(method="santa", sampler=sm, budget=bu, samples=int(s))
+            for sm in samplers for bu in budgets for s in samples if bu != spec.ONE_PASS or sm == "systematic"]

@@ -4,40 +4,33 @@ greedy answers per (setting, seed) from one dense prefill per sample, and the pa
 
 from __future__ import annotations
 
-import re
 import time
 
 import click
 import numpy as np
 
+from santa_cupy.setting import AttentionSetting
 from santa_tools.evaluation.decoding import (GraphGreedy, clone_cache, eager_greedy, greedy_together, load_prefill,
                                              prefill_chunk, prefilled_cache)
-from santa_tools.evaluation.settings import DENSE, Setting
+from santa_tools.evaluation.settings import DENSE, run_setting
 from santa_tools.evaluation.ruler.data import prompt_text
 from santa_tools.evaluation.ruler.scoring import score, task_family
 from santa_tools.evaluation.ruler.tasks import TOKENS_TO_GENERATE
 
 
-def parse_setting(label: str) -> Setting:
-    """'dense' or Setting's label 'sampler/budget/S=N' (e.g. systematic/global/S=256)."""
-    from santa_cupy import spec
-    label = label.strip()
-    if label == "dense":
+def parse_setting(label: str) -> AttentionSetting:
+    """'dense' or a setting's name 'sampler/budget/S=N' (e.g. systematic/global/S=256):
+    santa_cupy.AttentionSetting.parse, the seeds and tile size being options of their own."""
+    try:
+        setting = AttentionSetting.parse(label)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--settings'") from None
+    if setting == DENSE:
         return DENSE
-    m = re.fullmatch(r"([a-z_]+)/([a-z_]+)/S=(\d+)", label)
-    if not m:
-        raise click.BadParameter(f"{label!r} is not 'dense' or sampler/budget/S=N "
-                                 "(e.g. systematic/global/S=256)", param_hint="'--settings'")
-    sampler, budget, S = m.group(1), m.group(2), int(m.group(3))
-    if sampler not in spec.SAMPLERS or budget not in spec.DECODE_BUDGETS:
-        raise click.BadParameter(f"{label!r}: sampler one of {spec.SAMPLERS}, budget one of "
-                                 f"{spec.DECODE_BUDGETS}", param_hint="'--settings'")
-    if not 1 <= S <= spec.MAX_SAMPLES:
-        raise click.BadParameter(f"{label!r}: S must be in 1..{spec.MAX_SAMPLES}", param_hint="'--settings'")
-    if budget == spec.ONE_PASS and sampler != "systematic":
-        raise click.BadParameter(f"{label!r}: the one-pass budget draws systematically (sampler "
-                                 "systematic)", param_hint="'--settings'")
-    return Setting("santa", sampler, budget, S)
+    if str(setting).count("/") != 2 or setting.method != "santa":
+        raise click.BadParameter(f"{label!r} is not 'dense' or sampler/budget/S=N (e.g. systematic/global/S=256; "
+                                 "the seeds are --seeds)", param_hint="'--settings'")
+    return setting
 
 
 class SettingList(click.ParamType):
@@ -200,7 +193,7 @@ def run_samples(model, tok, samples, runs, max_new=None, full=False, block_n=Non
             done = None if full else (
                 lambda toks, task=rec["task"], refs=refs: score(task, tok.decode(toks), refs) >= 1.0)
             mine = []
-            answers = dec.answers([st.attention(seed, block_n) for st, seed in todo], ids[-1], n, stop, done)
+            answers = dec.answers([run_setting(st, seed, block_n) for st, seed in todo], ids[-1], n, stop, done)
             for (st, seed), (toks, secs) in zip(todo, answers):
                 text = tok.decode(toks)
                 mine.append({"task": rec["task"], "max_seq_length": rec["max_seq_length"], "index": rec["index"],

@@ -1,0 +1,168 @@
+"""Which kernels a DecodePlan launches: internal (not part of the public API).
+
+A plan derives its kernels from the shape, the attention setting and the device
+(``resolve``); ``KernelChoice`` holds what may be forced instead — the kernel of each stage, the
+runs of tiles per warp, the dense split count — and the thresholds of the automatic choice. The
+defaults are what the plan does on its own; bench (santa_tools/bench: the method suffixes
+-stream, -mma, -block, -tpw1, -warp, -warpmma, -p<N>) and the tests pass a KernelChoice through
+``DecodePlan(..., _kernels=KernelChoice(...))``, so no module constant is patched from outside.
+None of this changes the estimator: every choice gives the same distribution of outputs.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from santa_cupy import kernels, spec
+
+DENSE_KERNELS = ("auto", "stream", "mma")   # v2 decode_dense_partial (generic), v4 decode_dense_mma
+# santa pass 1: santa_score (v2, FMA: the generic fallback) or santa_score_mma (v4, tensor cores)
+SCORE_KERNELS = ("auto", "stream", "mma")
+# pass 2: santa_tile (a block per tile) or v4 santa_tile_warp (one warp per run of tiles), which
+# gathers a tile's selected V rows through shared memory, a light tile's rows in flight over the
+# next tile's counts ("warp"), or staged and on tensor cores ("warp_mma": fp16/bf16 at D 64/128)
+TILE_KERNELS = ("auto", "block", "warp", "warp_mma")
+
+# decode_dense_mma merges in its own last block per KV group up to this many splits a group; above,
+# santa_merge runs after it. 32 = a warp's lanes: merge.cuh's warp_merge_dense_head merges a head's
+# up to 32 partials with every load in flight at once, a warp per head (H200, docs/history/BENCHMARKS-journal.md step 11:
+# B=1 32k 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8). More splits the kernel merges a
+# head at a time with the whole block (block_merge_dense_head, 32 splits a warp and round trip),
+# which measured slower than santa_merge's launch (step 13: SmolLM2 B=1, 3 groups of 121 splits,
+# 32k 15.0 -> 15.6 us, 128k 33.7 -> 34.3), so the plan keeps the cap at 32.
+DENSE_SELF_MERGE_MAX_SPLITS = 32
+MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many expected rows per tile
+# "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
+# H200 (docs/history/BENCHMARKS-journal.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
+FUSED_FIXED_MAX_KV_BYTES = 64 << 20
+# santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials): finishing
+# in the kernel (atomics, last block) measured faster for few KV groups (B=1: 11.5 vs 7.4 + 5.9 us
+# with santa_merge), slower for many (B=16 32k: 86 vs 69 + 9 us), so above this many (sequence, KV
+# head) groups the runs write partials and santa_merge follows.
+FINISH_MAX_GROUPS = 32
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Forced kernels and the thresholds of the automatic choice (internal; defaults = automatic).
+
+    dense_kernel: "auto" | "stream" (v2, FMA: the generic fallback) | "mma" (v4, tensor cores;
+        fp16/bf16 at head_dim 64/128); "auto": v4 where it has an instance, else v2.
+    score_kernel: santa pass 1, the same three choices.
+    tile_kernel: santa pass 2, "auto" | "block" (a 128-thread block per tile) | "warp" (v4, one
+        warp per run of tiles: systematic sampler, G <= 8, every budget; rows staged through shared
+        memory, a light tile's rows in flight while the next tile's counts run) | "warp_mma"
+        (staged, then added on tensor cores); "auto": a warp kernel where it applies (not for the
+        fixed budget on a small cache), on tensor cores where a tile is expected to select many rows.
+    tiles_per_warp: None (fitted to the occupancy) or the run length of the one-warp-per-run
+        kernels (score pass, warp pass 2, one pass).
+    dense_splits: None (whole waves of resident blocks) or the dense kernel's splits a KV group.
+    self_merge_max_splits: the dense kernel merges in its last block up to this many splits.
+    fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.
+    mma_min_rows: "auto" gathers on tensor cores from this many expected rows per tile.
+    finish_max_groups: the warp pass 2 writes o itself up to this many (sequence, KV head) groups.
+    merge_wide: santa_merge with 8 partials in flight per warp (True) or 4 (False); None: 8 where
+        its (H, B) grid is at most one wave of SMs (latency-bound), else 4 (fewer registers).
+    programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
+        launches plainly), plainly (False), or None: as the process-wide
+        ``kernels.set_programmatic_launch`` says at each launch.
+    """
+
+    dense_kernel: str = "auto"
+    score_kernel: str = "auto"
+    tile_kernel: str = "auto"
+    tiles_per_warp: int | None = None
+    dense_splits: int | None = None
+    self_merge_max_splits: int = DENSE_SELF_MERGE_MAX_SPLITS
+    fused_fixed_max_kv_bytes: int = FUSED_FIXED_MAX_KV_BYTES
+    mma_min_rows: float = MMA_MIN_ROWS
+    finish_max_groups: int = FINISH_MAX_GROUPS
+    merge_wide: bool | None = None
+    programmatic: bool | None = None
+
+    def __post_init__(self):
+        spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
+        spec.check_choice("score_kernel", self.score_kernel, SCORE_KERNELS)
+        spec.check_choice("tile_kernel", self.tile_kernel, TILE_KERNELS)
+        for name in ("tiles_per_warp", "dense_splits"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None (automatic) or an integer >= 1, got {value!r}")
+        for name in ("self_merge_max_splits", "fused_fixed_max_kv_bytes", "finish_max_groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        for name in ("merge_wide", "programmatic"):
+            value = getattr(self, name)
+            if not (value is None or isinstance(value, bool)):
+                raise ValueError(f"{name} must be None, True or False, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ResolvedKernels:
+    """The kernel of each stage a plan launches (resolve's answer)."""
+
+    dense_kernel: str     # "stream" | "mma"
+    score_kernel: str     # "stream" | "mma"
+    tile_kernel: str      # "block" | "warp" | "warp_mma" | "one_pass"
+
+
+def resolve_kernel_choice(what, choice, dtype_name, head_dim) -> str:
+    """``what`` = "dense_kernel" | "score_kernel": "auto" -> "mma" where it exists, else "stream";
+    an explicit "mma" must exist."""
+    if choice == "auto":
+        return "mma" if kernels.mma_supported(dtype_name, head_dim) else "stream"
+    if choice == "mma" and not kernels.mma_supported(dtype_name, head_dim):
+        raise ValueError(f"{what}={choice!r} needs dtype in {kernels.MMA_DTYPES} and head_dim in "
+                         f"{kernels.MMA_HEAD_DIMS}, got dtype={dtype_name!r}, head_dim={head_dim}")
+    return choice
+
+
+def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="global", kv_bytes=0,
+                        mma_ok=False, *, fused_fixed_max_kv_bytes=FUSED_FIXED_MAX_KV_BYTES,
+                        mma_min_rows=MMA_MIN_ROWS) -> str:
+    """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
+    cache (kv_bytes <= fused_fixed_max_kv_bytes: its one fused pass has fewer launches); else by
+    the rows a tile is expected to select: "warp_mma" from mma_min_rows, "warp" below.
+    santa_tile_warp follows the tensor-core score pass (mma_ok: that pass runs). An explicit warp
+    choice must apply."""
+    ok = kernels.warp_tile_supported(sampler, group) and mma_ok
+    if choice == "auto":
+        if not ok or (budget == "fixed" and kv_bytes <= fused_fixed_max_kv_bytes):
+            return "block"
+        if mma_ok and rows_per_tile >= mma_min_rows:
+            return "warp_mma"
+        return "warp"
+    if choice in ("warp", "warp_mma") and not ok:
+        raise ValueError(f"tile_kernel={choice!r} needs sampler='systematic', heads // kv_heads <= "
+                         f"{kernels.WARP_TILE_MAX_G} and the tensor-core score pass (dtype in {kernels.MMA_DTYPES}, "
+                         f"head_dim in {kernels.MMA_HEAD_DIMS}, score_kernel 'auto' or 'mma'), got "
+                         f"sampler={sampler!r}, group={group}")
+    return choice
+
+
+def resolve(choice: KernelChoice, setting, *, batch, kv_heads, group, head_dim, max_length, dtype,
+            block_n) -> ResolvedKernels:
+    """The kernels of a plan of this shape and setting (santa_cupy.AttentionSetting), ``choice``
+    forcing some. Pure arithmetic (no device): the occupancy fits (runs of tiles, dense splits)
+    are the plan's, from the compiled kernels' registers and the device's attributes."""
+    dense = resolve_kernel_choice("dense_kernel", choice.dense_kernel, dtype, head_dim)
+    score = resolve_kernel_choice("score_kernel", choice.score_kernel, dtype, head_dim)
+    if setting.one_pass:
+        if not kernels.one_pass_supported(setting.sampler, group, dtype, head_dim):
+            raise ValueError(f"budget {spec.ONE_PASS!r} on the GPU needs sampler='systematic', heads // kv_heads "
+                             f"<= {kernels.WARP_TILE_MAX_G}, dtype in {kernels.MMA_DTYPES} and head_dim in "
+                             f"{kernels.MMA_HEAD_DIMS}, got sampler={setting.sampler!r}, group={group}, "
+                             f"dtype={dtype!r}, head_dim={head_dim}")
+        if choice.tile_kernel != "auto" or choice.score_kernel not in ("auto", "mma"):
+            raise ValueError(f"budget {spec.ONE_PASS!r} has one kernel (santa_one_pass): tile_kernel must be "
+                             f"'auto' and score_kernel 'auto' or 'mma', got tile_kernel={choice.tile_kernel!r}, "
+                             f"score_kernel={choice.score_kernel!r}")
+        return ResolvedKernels(dense, score, "one_pass")
+    rows = kernels.expected_rows_per_tile(group, setting.samples, block_n, max_length)
+    kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
+    tile = resolve_tile_kernel(choice.tile_kernel, setting.sampler, group, rows, setting.budget, kv_bytes,
+                               score == "mma", fused_fixed_max_kv_bytes=choice.fused_fixed_max_kv_bytes,
+                               mma_min_rows=choice.mma_min_rows)
+    return ResolvedKernels(dense, score, tile)

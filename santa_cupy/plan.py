@@ -1,0 +1,462 @@
+"""``DecodePlan``: preallocated workspaces and kernels for repeated decode-attention calls on the GPU.
+
+GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
+  dense:  decode_dense_mma (split-KV; with <= 32 splits a KV group its last block merges, else
+          -> santa_merge), or decode_dense_partial (split-KV, fp32 / D 256) -> santa_merge
+  santa, warp pipeline (systematic sampler, G <= 8, fp16/bf16 at D 64/128; every budget; the default):
+        [decode_dense_mma for the sequences shorter than santa_from: the dense fallback]
+        -> santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
+        (sample + gather; with few KV groups its last block per group writes o) [-> santa_merge]
+  santa, block pass 2 (other samplers, G > 8, fp32, D 256):
+        global / largest_remainder: santa_score -> santa_prefix -> santa_tile -> santa_merge
+        fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
+  santa, budget one_pass: santa_one_pass (score + sample + gather) -> santa_merge
+
+Which kernels: santa_cupy/kernel_choice.py (derived from the shape, the setting and the device;
+overridden by bench and tests through the internal ``_kernels`` argument). The launches:
+santa_cupy/_launches.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from santa_cupy import interop, kernels, paged, spec
+from santa_cupy._launches import _PlanLaunches
+from santa_cupy.info import AttentionInfo
+from santa_cupy.kernel_choice import KernelChoice, resolve
+from santa_cupy.setting import AttentionSetting
+
+STORAGE_DTYPE = {name: dtype for dtype, name in spec.DTYPE_NAMES.items()}   # "bfloat16" -> uint16
+_INT32_MAX = 2**31 - 1
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise ModuleNotFoundError(
+            "DecodePlan runs the CUDA kernels and needs CuPy (pip install 'santa-cupy[cuda12]' or "
+            "'santa-cupy[cuda13]'); on the CPU, call santa_cupy.decode_attention with NumPy arrays") from None
+    return cupy
+
+
+class DecodePlan(_PlanLaunches):
+    """Preallocated workspaces and kernels for repeated decode-attention calls of one shape on the GPU.
+
+    ``run`` allocates nothing, never syncs with the host and can be captured in a CUDA graph. The
+    RNG step lives on the device (``plan.step``, int64 [1]); ``advance()`` adds one there, so a graph
+    that ends with ``advance()`` draws fresh samples on every replay. One plan serves every layer of a
+    model (``layer`` is a field of the RNG counter); outputs are overwritten by the next ``run``.
+
+    Parameters
+    ----------
+    batch, heads, kv_heads, head_dim, max_length : int
+        B, H, KVH, D and L_max: q is [B, H, D], the caches [B, L_max, KVH, D]; H a multiple of KVH
+        with G = H // KVH in 1..16, D in (64, 128, 256).
+    dtype : str
+        "float16" | "bfloat16" (uint16 bit patterns) | "float32": q, k, v and o.
+    setting : AttentionSetting or str or None
+        The estimator (santa_cupy.AttentionSetting or its name, e.g. "systematic/global/S=256");
+        None: ``AttentionSetting()``.
+    scale : float or None
+        Score scale; None: 1 / sqrt(D).
+    step : int
+        Initial value of the device step counter (an RNG key besides seed and layer).
+    page_size : int or None
+        None: contiguous caches. An int in 1..``paged.MAX_PAGE_SIZE``: ``run`` takes page pools
+        and a block table (santa_cupy/paged.py), pages of ``page_layout`` "NHD" | "HND".
+    **setting_fields
+        method, samples, sampler, budget, seed, block_n, santa_min_length: change those fields of
+        ``setting`` (``DecodePlan(..., samples=64)``).
+
+    Attributes
+    ----------
+    out : [B, H, D] of dtype; lse, spread : [B, H] float32; rows_read : [B, KVH] int32
+        The last run's outputs (``info()`` gathers them); step : [1] int64, the device step.
+    setting : AttentionSetting
+        The plan's estimator; also method, samples, sampler, budget, seed, block_n, santa_from.
+
+    Kernel selection is internal (santa_cupy/kernel_choice.py): the plan derives it from the
+    shape, the setting and the device; ``_kernels=KernelChoice(...)`` forces it (bench, tests).
+    """
+
+    def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", setting=None, scale=None,
+                 step=0, page_size=None, page_layout="NHD", _kernels=None, _dense_rows=None, **setting_fields):
+        cupy = _import_cupy()
+
+        setting = AttentionSetting.from_fields(setting, **setting_fields)
+        choice = KernelChoice() if _kernels is None else _kernels
+        if not isinstance(choice, KernelChoice):
+            raise TypeError(f"_kernels must be a santa_cupy.kernel_choice.KernelChoice, got {type(choice).__name__}")
+        self.setting, self._choice = setting, choice
+        method, samples, sampler, budget = setting.method, setting.samples, setting.sampler, setting.budget
+        if heads % kv_heads or not 1 <= heads // kv_heads <= spec.MAX_G:
+            raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "
+                             f"got heads={heads}, kv_heads={kv_heads}")
+        if head_dim not in spec.HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {spec.HEAD_DIMS}, got {head_dim}")
+        if dtype not in spec.GPU_DTYPES:
+            raise ValueError(f"dtype must be one of {spec.GPU_DTYPES}, got {dtype!r}")
+        self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
+        # a paged cache (santa_cupy/paged.py): run() then takes page pools and a block_table
+        spec.check_choice("page_layout", page_layout, paged.LAYOUTS)
+        if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer))
+                                      or not 1 <= page_size <= paged.MAX_PAGE_SIZE):
+            raise ValueError(f"page_size must be None (a contiguous cache) or an integer in 1..{paged.MAX_PAGE_SIZE}, "
+                             f"got {page_size!r}")
+        self.page_size = None if page_size is None else int(page_size)
+        self.page_layout = page_layout
+        self.G = heads // kv_heads
+        self.block_n = setting.resolved_block_n(head_dim)
+        self.one_pass = setting.one_pass     # the one-pass budget: its own kernel (santa_one_pass) and santa_merge
+        chosen = resolve(choice, setting, batch=batch, kv_heads=kv_heads, group=self.G, head_dim=head_dim,
+                         max_length=max_length, dtype=dtype, block_n=self.block_n)
+        self.dense_kernel, self.score_kernel, self.tile_kernel = chosen.dense_kernel, chosen.score_kernel, \
+            chosen.tile_kernel
+        # programmatic dependent launch: the choice's (where the device has it), or the process switch's
+        self._programmatic = choice.programmatic and kernels.programmatic_launch_available() \
+            if choice.programmatic is not None else None
+        self.dtype, self.method, self.samples = dtype, method, samples
+        self.sampler, self.budget, self.seed = sampler, budget, setting.seed
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        tiles_per_warp = choice.tiles_per_warp
+        self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
+        self._dense_fn = {"stream": self.kernels.dense,
+                          "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
+        # the merge: 8 partials in flight per warp where its (H, B) grid is at most one wave of SMs
+        # (latency-bound), else 4 (fewer registers, two blocks per SM)
+        wide = choice.merge_wide
+        if wide is None:
+            wide = heads * batch <= cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self._merge_fn = self.kernels.merge_wide if wide else self.kernels.merge
+        self.step = cupy.full((1,), int(step), dtype=cupy.int64)
+        self.T_max = -(-max_length // self.block_n)
+        self._forced_dense_splits = choice.dense_splits
+        self._dense_rows = _dense_rows or max_length        # the longest sequence the dense kernel takes
+        # Tiles per warp of the v4 score pass and the warp pass 2 (one warp per run of tiles):
+        # None = fitted to the occupancy (kernels.tiles_per_warp), an int forces it for both.
+        self.score_tpw = self.tile_tpw = 1
+        # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
+        # budget on the block kernel, which scores its tiles itself
+        self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_mma")
+        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp) and not self.one_pass
+        # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
+        # score pass (static shared memory only) and the warp pass 2 (its gather)
+        self._score_warp_kernel = (self.kernels.score_mma, 0)
+        # santa_tile_warp's two finishes (kFinish): o written by its last block up to
+        # finish_max_groups (sequence, KV head) groups, else run partials and santa_merge
+        self.finish_in_kernel = self._warp and batch * kv_heads <= choice.finish_max_groups
+        self._warp_kernels = ({finish: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if finish else ""))
+                               for finish in (False, True)} if self._warp else None)
+        self._warp_kernel = self._warp_kernels[self.finish_in_kernel] if self._warp else None
+        self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim,
+                                                       mma=self.tile_kernel == "warp_mma")
+        # how santa_merge combines the fused run's partials
+        if self.one_pass:                    # run partials relative to their max, like dense splits
+            self._merge_kind = kernels.MERGE_DENSE
+        elif budget != "fixed":
+            self._merge_kind = kernels.MERGE_SUM
+        else:
+            self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
+        self.dense_merges_itself = False
+        if method == "dense":
+            self.part_rows, self.P_max, self.split_target, self.dense_pairs = self._dense_splits()
+            # v4 dense merges in its own last block per KV group (one launch) where a group has few
+            # splits; a counter per (b, KV head), zero between launches
+            self.dense_merges_itself = (self.dense_kernel == "mma"
+                                        and self.P_max <= choice.self_merge_max_splits)
+        else:
+            self.P_max = self.T_max
+            if self.score_kernel == "mma" and two_pass:
+                self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
+            if self._warp:
+                self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
+            if self.one_pass:
+                self._one_pass_smem = kernels.one_pass_smem_bytes(self.block_n, self.G, head_dim, dtype)
+                self.one_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.one_pass, self._one_pass_smem)
+        self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
+        # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
+        self.merge_stride = self.tile_tpw if self._warp else 1
+        B, H, P, D = batch, heads, self.P_max, head_dim
+        self.part_o = cupy.empty((B, H, P, D), cupy.float32)
+        self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
+        self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
+        self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
+        self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
+        if not self.one_pass:                # one_pass: a view of its counters (below)
+            self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
+        # The warp pipeline (score pass, prefix, warp pass 2): santa_tile_warp's last block per
+        # (b, KV head) writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add
+        # into copy blockIdx.x % ACC_COPIES: fewer atomics on each address) and zeroes them; its
+        # arrival counters go back to 0. No call fills anything (santa_prefix zeroes rows_read).
+        if self._warp:
+            self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
+            self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
+        self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
+        # one_pass: the default lse_hint is the plan's previous lse (NaN before the first call: every
+        # row taken, the exact output)
+        self.lse = cupy.full((B, H), np.nan, cupy.float32) if self.one_pass else cupy.empty((B, H), cupy.float32)
+        # drawn [B, H]: rows each head took (one_pass: counted by the kernel, beside rows_read in one
+        # buffer, so one fill clears both; the other budgets: S, a constant)
+        if self.one_pass:
+            self._one_pass_counts = cupy.zeros((B * kv_heads + B * H,), cupy.int32)
+            self.rows_read = self._one_pass_counts[:B * kv_heads].reshape(B, kv_heads)
+            self.drawn = self._one_pass_counts[B * kv_heads:].reshape(B, H)
+        else:
+            self.drawn = cupy.full((B, H), self.samples, cupy.int32) if method == "santa" else None
+        self.spread = cupy.empty((B, H), cupy.float32)
+        self._lengths = None         # int32 copy of lengths when the caller's are not int32
+        self._last_lengths = None
+        self._no_counts = cupy.zeros((1,), cupy.int32)
+        self._no_table = cupy.zeros((1,), cupy.int32)      # a contiguous plan's block_table argument
+        # Never slower than exact: sequences shorter than santa_from run the dense kernel (a dense
+        # sub-plan sharing this plan's outputs), the santa kernels skip them; a dense plan's
+        # kernel takes every sequence.
+        self.santa_from = _INT32_MAX if method == "dense" else self._santa_from(setting.santa_min_length)
+        self._dense_plan = None
+        if method == "santa" and self.santa_from > 1:
+            # the fallback's kernels are its own automatic ones (the thresholds and launch mode are this plan's)
+            fallback = dataclasses.replace(choice, dense_kernel="auto", score_kernel="auto", tile_kernel="auto",
+                                           tiles_per_warp=None, dense_splits=None, merge_wide=None)
+            self._dense_plan = DecodePlan(
+                batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_length=max_length, dtype=dtype,
+                setting=AttentionSetting(method="dense"), scale=self.scale, _kernels=fallback,
+                _dense_rows=min(max_length, self.santa_from - 1))
+            self._dense_plan.santa_from = self.santa_from
+            self._dense_plan.out, self._dense_plan.lse = self.out, self.lse
+            self._dense_plan.spread, self._dense_plan.rows_read = self.spread, self.rows_read
+
+
+    def _santa_from(self, santa_min_length):
+        """The length from which a sequence runs santa (shorter ones run dense): "auto" derives it
+        from the shape and the device (kernels.santa_min_length), an integer >= 0 sets it (0 or 1:
+        santa for every sequence, e.g. to study the estimator at short lengths). Only the two-launch
+        pipeline (warp pass 2) mixes the two per sequence; other santa plans run santa throughout."""
+        if santa_min_length == "auto":
+            if not self._warp:
+                return 0
+            import cupy
+            return kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
+                                            kernels.device_bandwidth(cupy.cuda.Device().attributes))
+        if santa_min_length > 1 and self.one_pass:
+            raise ValueError(f"santa_min_length={santa_min_length}: budget {spec.ONE_PASS!r} has no dense fallback "
+                             "(use 'auto', 0 or 1)")
+        if santa_min_length > 1 and not self._warp:
+            raise ValueError(f"santa_min_length={santa_min_length} needs the two-launch santa pipeline (systematic "
+                             f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "
+                             f"got tile_kernel={self.tile_kernel!r}")
+        return int(santa_min_length)
+
+    def _tiles_per_warp(self, kernel, smem):
+        """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.tiles_per_warp(self.T_max, self.B * self.KVH, slots)
+
+    def _dense_splits(self):
+        """(part_rows, P_max, split_target, pairs) of the dense kernel.
+
+        A batch of equal lengths (the longest the kernel handles: L_max, or a santa plan's dense
+        fallback's) takes ``splits`` splits of ``part_rows`` rows a sequence: whole waves of resident
+        blocks over B * KVH * splits, splits of >= 256 rows (kernels.wave_fitted_parts), or
+        KernelChoice(dense_splits=N); rows a multiple of 16, so at most that many splits. The kernel
+        balances other lengths on the device (cuda/common.cuh dense_split): split_target = B *
+        splits blocks a KV head shared in proportion to the lengths, at most P_max splits a
+        sequence (the workspaces' count: up to the self-merge's cap when the split is automatic,
+        ``splits`` when forced); the grid has ``pairs`` blocks a KV head, enough for any lengths."""
+        longest = self._dense_rows
+        splits = self._forced_dense_splits or self._wave_fitted_dense_splits()
+        if longest < self.L_max:             # a santa plan's fallback: it must merge in its last block
+            splits = min(splits, self._choice.self_merge_max_splits)
+        rows = -(-longest // splits)
+        rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
+        splits = -(-longest // rows)
+        target = self.B * splits
+        P_max = splits if self._forced_dense_splits else min(
+            target, max(splits, self._choice.self_merge_max_splits), -(-longest // 16))
+        return rows, P_max, target, min(target + self.B, self.B * P_max)
+
+    def _wave_fitted_dense_splits(self):
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
+        slots = kernels.resident_blocks(self._dense_fn, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self._dense_rows // 256)), slots)
+
+    @interop.accepts_stream
+    def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None,
+            block_table=None):
+        """One decode step: o for every sequence and head.
+
+        Parameters
+        ----------
+        q : [B, H, D] of the plan's dtype, C-contiguous (CuPy, or any zero-copy GPU array)
+        k_cache, v_cache : [B, L_max, KVH, D] of the plan's dtype, C-contiguous
+            A plan with ``page_size``: page pools [num_pages, page_size, KVH, D] (page_layout
+            "NHD") or [num_pages, KVH, page_size, D] ("HND").
+        lengths : [B] integer (int32 avoids a device-side cast), 0..L_max
+            A sequence of length 0 gets o = 0, lse = -inf, spread = 0, rows_read = 0.
+        layer : int
+            The RNG's layer key (one plan serves every layer of a model).
+        out : [B, H, D] of the plan's dtype, C-contiguous, or None
+            Where o goes; None: the plan's own ``out`` (overwritten by the next run).
+        validate : bool
+            Check the inputs' shapes and dtypes against the plan's (no data read) and a paged
+            plan's block table (a host sync: page ids in range, enough pages for each length; a
+            ValueError names block_table and its first bad entry). Without it a bad table reads
+            wrong memory.
+        lse_hint : [B, H] float32 CuPy array, or None
+            Budget "one_pass" only: the normaliser guess r, any deterministic function of the
+            inputs (e.g. this layer's ``info().lse`` of the previous step); None: the plan's own
+            lse of its previous run (NaN before the first: the exact output). About
+            ``samples * exp(lse - r)`` rows are read per head.
+        block_table : [B, max_pages] int32 CuPy array, C-contiguous (paged plans only)
+            Row j of sequence b is slot j % page_size of page block_table[b, j // page_size].
+
+        Returns
+        -------
+        o : [B, H, D] of the plan's dtype
+            ``out`` or the plan's buffer; lse, spread and rows_read are in the plan's buffers
+            (``info()``). NaN or inf in q or K makes that sequence's heads (of the KV group) NaN.
+        """
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        pages = self._page_args(block_table, k_cache)
+        if validate:
+            self._validate(q, k_cache, v_cache, lengths, block_table)
+        lengths = self._int32_lengths(lengths)
+        self._last_lengths = lengths
+        out = self._output(out)
+        if self.method == "dense":
+            self._dense(q, k_cache, v_cache, lengths, out, pages)
+            if not self.dense_merges_itself:
+                self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows, split_target=self.split_target)
+            return out
+        if self.one_pass:
+            self._one_pass(q, k_cache, v_cache, lengths, layer, self._lse_hint(lse_hint), pages)
+            self._merge(lengths, out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
+            return out
+        if lse_hint is not None:
+            raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
+        if self._warp:                       # score, prefix, then sample + gather + finish
+            if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
+                self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
+                if self.santa_from > self.L_max:
+                    return out
+            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from)
+            self._tile_warp(v_cache, lengths, layer, out, pages)
+            if not self.finish_in_kernel:
+                self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
+            return out
+        self.rows_read.fill(0)
+        if self.two_pass:
+            self._score_and_prefix(q, k_cache, lengths, pages)
+        self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
+        self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
+        return out
+
+    def _validate(self, q, k_cache, v_cache, lengths, block_table):
+        """The inputs' shapes and dtypes against the plan's (no data read), and a paged plan's block
+        table (a host sync)."""
+        layout = self.page_layout if self.page_size is not None else None
+        shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
+                                            samples=self.samples, sampler=self.sampler, budget=self.budget,
+                                            scale=self.scale, block_n=self.block_n, check_lengths=False,
+                                            check_finite=False, page_layout=layout, max_length=self.L_max)
+        got = (shape.B, shape.H, shape.KVH, shape.D, shape.L_max, shape.dtype_name)
+        want = (self.B, self.H, self.KVH, self.D, self.L_max, self.dtype)
+        if got != want:
+            raise ValueError(f"inputs (B, H, KVH, D, L_max, dtype)={got} do not match the plan's {want}")
+        if layout is not None:
+            num_pages, page_size, _, _ = paged.page_shape(k_cache, layout)
+            if page_size != self.page_size:
+                raise ValueError(f"k_cache pages hold {page_size} rows, the plan's page_size is {self.page_size}")
+            paged.validate_block_table(block_table, lengths, num_pages, page_size, self.L_max)
+
+    def _no_counts_for_one_pass(self, what):
+        if self.one_pass:
+            raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
+
+    @interop.accepts_stream
+    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None):
+        """The gather-add and merge stages alone: o from given sample counts.
+
+        Parameters
+        ----------
+        q, k_cache, v_cache, lengths, block_table : as for ``run``
+        counts : [B, H, L_max] int32 CuPy array, C-contiguous
+            Samples of each row; those past a sequence's length are ignored.
+        out : [B, H, D] of the plan's dtype, or None (the plan's buffer)
+
+        Returns
+        -------
+        o : [B, H, D] of the plan's dtype
+            For the global / largest_remainder budgets o = (1/S) sum_j c_j V_j; for fixed the
+            tile-weighted form with S_t = max(1, S // T). Not for budget one_pass.
+        """
+        import cupy
+
+        self._no_counts_for_one_pass("run_from_counts")
+        q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
+        pages = self._page_args(block_table, k_cache)
+        if not isinstance(counts, cupy.ndarray) or counts.dtype != cupy.int32 or \
+                counts.shape != (self.B, self.H, self.L_max) or not counts.flags.c_contiguous:
+            raise ValueError(f"counts must be a C-contiguous cupy int32 array of shape "
+                             f"{(self.B, self.H, self.L_max)}, got {type(counts).__name__} "
+                             f"{getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '?')}")
+        lengths = self._int32_lengths(lengths)
+        self._last_lengths = lengths
+        out = self._output(out)
+        self.rows_read.fill(0)
+        if self.two_pass:
+            self._score_and_prefix(q, k_cache, lengths, pages)
+        self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts, pages)
+        self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
+                    self.block_n)
+        return out
+
+    @interop.accepts_stream
+    def advance(self, n=1):
+        """Add ``n`` to the device step counter ``step`` ([1] int64), on the device: capturable, so
+        a CUDA graph ending with this draws new samples on every replay."""
+        for _ in range(n):
+            self._launch(self.kernels.advance, (1,), (self.step,), threads=1)
+
+    def info(self) -> AttentionInfo:
+        """Diagnostics of the last run: an AttentionInfo of views of the plan's buffers (lse,
+        spread [B, H] float32, rows_read [B, KVH] int32, dense_fallback [B] bool, samples_drawn
+        [B, H] int32 or None), overwritten by the next run; counts is None (``sample_counts``)."""
+        if self.method == "dense":
+            import cupy
+            rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
+            return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
+                                 dense_fallback=cupy.ones((self.B,), bool))
+        return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
+                             dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn)
+
+    @interop.accepts_stream
+    def sample_counts(self, q, k_cache, lengths, *, layer=0, block_table=None):
+        """The sample counts of the standalone sample stage.
+
+        Parameters: q, k_cache, lengths, layer, block_table as for ``run``.
+        Returns: counts [B, H, L_max] int32, a new CuPy array (rows past a length are 0). Re-runs
+        the score stage, so the stash and stats match the last ``run`` for the same inputs. Not
+        for budget one_pass.
+        """
+        import cupy
+
+        self._no_counts_for_one_pass("sample_counts")
+        q, k_cache, lengths = interop.as_arrays(q, k_cache, lengths, names=("q", "k_cache", "lengths"))
+        pages = self._page_args(block_table, k_cache)
+        lengths = self._int32_lengths(lengths)
+        counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
+        if self.two_pass:                  # the stash the fused run samples from
+            self._score_and_prefix(q, k_cache, lengths, pages, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32))
+        self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts, pages)
+        return counts
