@@ -1,5 +1,5 @@
 """Score-stage (key) sampling: unbiased estimates of the scaled scores s_j = scale * <q_h, K_j>
-that read only part of K (SPEC section 5, issue #17). float64 NumPy reference.
+that read only part of K (Bernoulli qK^T, the paper's score-stage sampling). float64 NumPy reference.
 
 Shapes: B sequences, H query heads, KVH KV heads, G = H // KVH heads per group (head h reads KV
 head h // G), D head dim, L_max cache rows, R draws, FB features per block, C = D // FB blocks.

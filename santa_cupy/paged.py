@@ -1,4 +1,4 @@
-"""Paged KV caches (SPEC section 4): the layouts, the block table's validation, and the gather
+"""Paged KV caches: the block table's validation, and the gather
 into the contiguous cache that the NumPy reference path runs on. Callers pass pages to
 ``decode_attention(..., block_table=, page_layout=)`` or to a ``DecodePlan(page_size=)``.
 
@@ -17,24 +17,9 @@ import numpy as np
 
 from santa_cupy import spec
 
-LAYOUTS = ("NHD", "HND")
-DEFAULT_PAGE_SIZE = 16
-MAX_PAGE_SIZE = 256
-
-
-def page_shape(k_pages, layout="NHD"):
-    """(num_pages, page_size, KVH, D) of a page pool in either layout; ValueError naming k_pages."""
-    spec.check_choice("layout", layout, LAYOUTS)
-    shape = tuple(getattr(k_pages, "shape", ()))
-    if len(shape) != 4:
-        raise ValueError(f"k_pages must have 4 dimensions [num_pages, page_size, KVH, D] ({layout}), "
-                         f"got shape {shape}")
-    num_pages, a, b, D = shape
-    page_size, KVH = (a, b) if layout == "NHD" else (b, a)
-    if not 1 <= page_size <= MAX_PAGE_SIZE:
-        raise ValueError(f"page_size (k_pages.shape[{1 if layout == 'NHD' else 2}]) must be in "
-                         f"1..{MAX_PAGE_SIZE}, got {page_size}")
-    return num_pages, page_size, KVH, D
+# the page layouts and limits, with every other shape rule, live in spec (one source of truth)
+LAYOUTS, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = spec.PAGE_LAYOUTS, spec.DEFAULT_PAGE_SIZE, spec.MAX_PAGE_SIZE
+page_shape = spec.page_shape
 
 
 def validate_block_table(block_table, lengths, num_pages, page_size, max_length=None):

@@ -209,14 +209,32 @@ def _check_heads(H, KVH, D):
         raise ValueError(f"GQA group size H/KVH = {H}/{KVH} = {H // KVH} exceeds MAX_G={MAX_G} (q, k_cache)")
 
 
+PAGE_LAYOUTS = ("NHD", "HND")    # [num_pages, page_size, KVH, D] (FlashInfer's, vLLM's) | [num_pages, KVH, page_size, D]
+DEFAULT_PAGE_SIZE = 16
+MAX_PAGE_SIZE = 256
+
+
+def page_shape(k_pages, layout="NHD"):
+    """(num_pages, page_size, KVH, D) of a page pool in either layout; ValueError naming k_pages."""
+    check_choice("layout", layout, PAGE_LAYOUTS)
+    shape = tuple(getattr(k_pages, "shape", ()))
+    if len(shape) != 4:
+        raise ValueError(f"k_pages must have 4 dimensions [num_pages, page_size, KVH, D] ({layout}), "
+                         f"got shape {shape}")
+    num_pages, a, b, D = shape
+    page_size, KVH = (a, b) if layout == "NHD" else (b, a)
+    if not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size (k_pages.shape[{1 if layout == 'NHD' else 2}]) must be in "
+                         f"1..{MAX_PAGE_SIZE}, got {page_size}")
+    return num_pages, page_size, KVH, D
+
+
 def _check_page_shapes(q, k_pages, v_pages, lengths, layout, max_length):
     """_check_shapes for page pools: (B, H, KVH, G, D, L_max) with L_max = max_length."""
-    from santa_cupy import paged
-
     if q.ndim != 3 or lengths.ndim != 1:
         raise ValueError(f"q must have rank 3 [B, H, D] and lengths rank 1 [B], got q {describe(q)}, "
                          f"lengths {describe(lengths)}")
-    num_pages, page_size, KVH, kd = paged.page_shape(k_pages, layout)
+    num_pages, page_size, KVH, kd = page_shape(k_pages, layout)
     if tuple(v_pages.shape) != tuple(k_pages.shape):
         raise ValueError(f"v_cache shape {tuple(v_pages.shape)} must equal k_cache shape {tuple(k_pages.shape)} "
                          f"(page pools, {layout})")

@@ -1,4 +1,4 @@
-"""santa-cupy benchmark harness (SPEC section 7): ``bench kernels`` and ``bench e2e``.
+"""santa-cupy benchmark harness: ``bench kernels`` and ``bench e2e``.
 
     santa-cupy bench kernels --quick --json bench.json --markdown bench.md
     santa-cupy bench e2e --context 32k --batch 1 --steps 20
