@@ -69,11 +69,11 @@ from santa_cupy import rng, spec
 F32 = np.float32
 F64 = np.float64
 
-KEY_SAMPLINGS = ("none", "bernoulli", "bernoulli_block")
-KEY_BLOCKS = (16, 32)
-KEY_RULES = ("uniform", "qmax", "qrms", "qkvar")
-KEY_COMBINES = ("mean", "union")
-MAX_KEY_DRAWS = 256
+KEY_SAMPLINGS = spec.KEY_SAMPLINGS        # the option values live in spec (AttentionSetting checks them too)
+KEY_BLOCKS = spec.KEY_BLOCKS
+KEY_RULES = spec.KEY_RULES
+KEY_COMBINES = spec.KEY_COMBINES
+MAX_KEY_DRAWS = spec.MAX_KEY_DRAWS
 VALUE_STAGES = ("dense", "santa")
 
 __all__ = [
@@ -118,19 +118,11 @@ def _check_int(name, value, lo, hi):
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {int(value)}")
 
 
-def _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D):
-    spec.check_choice("key_sampling", key_sampling, KEY_SAMPLINGS)
-    spec.check_choice("key_rule", key_rule, KEY_RULES)
-    spec.check_choice("key_combine", key_combine, KEY_COMBINES)
-    _check_int("key_draws", key_draws, 1, MAX_KEY_DRAWS)
-    if isinstance(key_block, bool) or not isinstance(key_block, numbers.Integral) or int(key_block) not in KEY_BLOCKS:
-        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
+def _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D, key_variance=None):
+    """spec.check_key_options, then D a multiple of key_block."""
+    spec.check_key_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, key_variance)
     if D % int(key_block):
         raise ValueError(f"head dim D={D} must be a multiple of key_block={key_block}")
-    if isinstance(key_budget, bool) or not isinstance(key_budget, numbers.Real):
-        raise ValueError(f"key_budget must be a real number in (0, 1], got {key_budget!r}")
-    if not 0.0 < float(key_budget) <= 1.0:
-        raise ValueError(f"key_budget must be in (0, 1], got {key_budget!r}")
 
 
 def _validate(q, k_cache, lengths, scale, seed, step, layer):
@@ -357,13 +349,8 @@ def key_scores(
     """
     shape = _validate(q, k_cache, lengths, scale, seed, step, layer)
     B, KVH, G, D = shape.B, shape.KVH, shape.G, shape.D
-    _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D)
+    _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D, key_variance)
     if key_variance is not None:
-        if isinstance(key_variance, bool) or not isinstance(key_variance, numbers.Real) or not (
-                0.0 < float(key_variance) < np.inf):
-            raise ValueError(f"key_variance must be None or a finite real > 0, got {key_variance!r}")
-        if key_rule != "qkvar":
-            raise ValueError(f'key_variance needs key_rule="qkvar", got key_rule={key_rule!r}')
         key_variance = float(key_variance)
     if not isinstance(key_crn, (bool, np.bool_)):
         raise ValueError(f"key_crn must be a bool, got {key_crn!r}")
