@@ -411,10 +411,13 @@ def key_sampled_attention(
     step=0,
     layer=0,
     scale=None,
+    return_spread=False,
     **key_options,
 ):
     """Decode attention on estimated scores (reference): o [B, H, D] float64, lse [B, H] float64 of
-    the estimated scores, KeySamplingInfo, and the SANTA counts [B, H, L_max] (None for dense).
+    the estimated scores, KeySamplingInfo, and the SANTA counts [B, H, L_max] (None for dense);
+    with ``return_spread`` also the value stage's spread [B, H] float64 (the estimated standard
+    error of o given the scores, RMS over D, as reference.santa_attention's; zeros for dense).
 
     ``key_options`` go to key_scores (key_sampling, key_draws, key_block, key_budget, key_variance, key_rule,
     key_combine, key_crn, sector_features, k_var). ``value`` "dense": o = softmax(s_hat) V exactly;
@@ -434,6 +437,7 @@ def key_sampled_attention(
     o = np.zeros((B, H, D))
     lse = np.zeros((B, H))
     counts = None if value == "dense" else np.zeros(s.shape, dtype=np.int32)
+    spread = np.zeros((B, H))
     for b in range(B):
         n = int(lengths[b])
         sb = s[b, :, :n]  # [H, n]
@@ -448,7 +452,8 @@ def key_sampled_attention(
         keys = rng.head_key(seed, step, layer, b, np.arange(H))
         c = ref.counts_from_scores(sb, keys, n, samples=samples, sampler=sampler, budget=budget, block_n=block_n)
         counts[b, :, :n] = c
-        ob, _ = ref.estimate(c.reshape(KVH, G, n), sb.reshape(KVH, G, n), vb, samples=samples, budget=budget,
-                             block_n=block_n)
+        ob, sp = ref.estimate(c.reshape(KVH, G, n), sb.reshape(KVH, G, n), vb, samples=samples, budget=budget,
+                              block_n=block_n)
         o[b] = ob.reshape(H, D)
-    return o, lse, info, counts
+        spread[b] = np.asarray(sp).reshape(H)
+    return (o, lse, info, counts, spread) if return_spread else (o, lse, info, counts)

@@ -171,8 +171,11 @@ class AttentionSetting:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
-        """The fields as a dict (JSON-friendly)."""
-        return dataclasses.asdict(self)
+        """The fields as a dict (JSON-friendly; ``AttentionSetting(**d)`` builds it back). The
+        key-sampling fields only with key sampling: without it the dict is the one of the settings
+        before they existed (result files, the CLI's JSON)."""
+        d = dataclasses.asdict(self)
+        return d if self.key_sampled else {k: v for k, v in d.items() if k not in KEY_FIELDS}
 
     # ---- the name format ---------------------------------------------------------------------
     def __str__(self) -> str:

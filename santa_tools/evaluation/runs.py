@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict
 
 import click
 import numpy as np
@@ -62,7 +61,7 @@ def kernel_errors(captured, layers, settings, seeds, block_n=None, progress=None
                 if progress is not None:
                     progress.update(1)
             per_seed.append({"seed": int(seed), "layers": errs, "mean": float(np.mean(list(errs.values())))})
-        out[st.label] = {"setting": asdict(st), "per_seed": per_seed}
+        out[st.label] = {"setting": st.as_dict(), "per_seed": per_seed}
     return out
 
 
@@ -102,7 +101,7 @@ def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block
                                  margins=margins)
     if progress is not None:
         progress.update(1)
-    out = {"dense": {"setting": asdict(DENSE), "per_seed": [{
+    out = {"dense": {"setting": DENSE.as_dict(), "per_seed": [{
         "seed": 0, "kl": 0.0, "top1": 1.0, "ppl": perplexity(token_nll(dense_logits, targets)),
         "greedy_match": len(dense_greedy)}]}}
     for st in settings:
@@ -118,7 +117,7 @@ def model_metrics(model, ids, prefix: int, settings, seeds, greedy_n: int, block
                              "greedy_match": exact_match_length(dense_greedy, gr)})
             if progress is not None:
                 progress.update(1)
-        out[st.label] = {"setting": asdict(st), "per_seed": per_seed}
+        out[st.label] = {"setting": st.as_dict(), "per_seed": per_seed}
     return {"steps": len(targets), "prefix": prefix, "greedy_tokens": greedy_n,
             "dense_greedy": dense_greedy, "dense_greedy_margins": margins, "results": out}
 
@@ -128,7 +127,7 @@ def retrieval_trials(model, tok, lengths, depths, needles, settings, seeds, answ
     """Greedy answers to the passcode question per (setting, seed, length, depth, needle)."""
     stop = set(getattr(tok, "eos_ids", []) or []) | set(np.atleast_1d(model.cfg.eos_token_id).tolist())
     runs = [(DENSE, 0)] + [(st, int(s)) for st in settings for s in seeds]
-    out = {st.label: {"setting": asdict(st), "trials": []} for st, _ in runs}
+    out = {st.label: {"setting": st.as_dict(), "trials": []} for st, _ in runs}
     for L in lengths:
         for d in depths:
             for r in range(needles):
