@@ -98,6 +98,8 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     out = interop.as_out(out)
     setting = AttentionSetting.from_fields(setting, **setting_fields)      # validates the fields
+    if setting.key_sampled and spec.is_cupy_array(q):
+        raise NotImplementedError(KEY_SAMPLING_CPU_ONLY)
     method, samples, sampler, budget, seed = setting.method, setting.samples, setting.sampler, setting.budget, \
         setting.seed
     block_n = setting.resolved_block_n(q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
@@ -131,8 +133,6 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
             raise ValueError("lse_hint must be finite (a NaN or inf guess says nothing about the rows to read)")
     elif lse_hint is not None:
         raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, got budget {budget!r}")
-    if setting.key_sampled and spec.is_cupy_array(q):
-        raise NotImplementedError(KEY_SAMPLING_CPU_ONLY)
     if not spec.is_cupy_array(q):
         if out is not None and spec.is_cupy_array(out):
             raise ValueError(f"out must be a NumPy array for NumPy inputs, got {spec.describe(out)}")
