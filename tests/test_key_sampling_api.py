@@ -231,6 +231,12 @@ def test_eval_config_extra_settings_and_no_grid():
     assert len(ev.runs.session_settings(cfg)) == 1 + len(ev.runs.session_settings(ev.config.resolve_config(True)))
 
 
+def test_run_setting_keeps_the_seed_of_key_sampling():
+    st = AttentionSetting.parse("dense/keys=block:FB=16,f=0.5")
+    assert ev.settings.run_setting(st, 5, 64) == st.replace(seed=5, block_n=64)
+    assert ev.settings.run_setting(ev.settings.DENSE, 5).seed == 0          # exact: no seed
+
+
 def test_kernel_errors_key_columns(tiny):
     cap = ev.runs.capture_attention_inputs(tiny, IDS)
     settings = [AttentionSetting.parse("dense/keys=block:FB=16,f=0.5"),
@@ -253,9 +259,10 @@ def test_kernel_errors_key_columns(tiny):
 
 def test_model_and_retrieval_key_fraction(tiny):
     st = AttentionSetting.parse("dense/keys=block:FB=16,f=0.5")
-    res = ev.runs.model_metrics(tiny, IDS, 14, [st], [0], 3)
-    row = res["results"][st.label]["per_seed"][0]
+    res = ev.runs.model_metrics(tiny, IDS, 14, [st], [0, 1], 3)
+    row, other = res["results"][st.label]["per_seed"]
     assert 0 < row["key_fraction"] < 1 and row["kl"] >= 0
+    assert (row["key_fraction"], row["kl"]) != (other["key_fraction"], other["kl"])     # seeds differ
     assert "| K read |" in ev.report.model_table(res)
     r = ev.runs.retrieval_trials(tiny, ev_tok(), [20], [0.5], 1, [st], [0], 2)
     assert 0 < r[st.label]["trials"][0]["key_fraction"] < 1 and "key_fraction" not in r["dense"]["trials"][0]
