@@ -182,8 +182,8 @@ def _plot_series(name: str, res: dict) -> dict:
 
 
 def _key_series(name: str, res: dict) -> dict:
-    """{estimator: (K fractions, metric)}: one line per key estimator (its name without the budget
-    f= or the variance target v=) and value stage; KL 0 (log axis) left out."""
+    """{estimator: (K fractions, metric)}: one line per key estimator and value stage, along its
+    budget (block: f= or the variance target v=; bernoulli: the draws R); KL 0 (log axis) left out."""
     series: dict[str, tuple[list, list]] = {}
     for entry in res["results"].values():
         st = entry["setting"]
@@ -192,11 +192,12 @@ def _key_series(name: str, res: dict) -> dict:
         y = _metric(name, entry)
         if name == "model" and y <= 0:
             continue
-        spec_items = [x for x in key_spec(st).split(",") if not x.startswith(("f=", "v="))]
-        target = "v" if st.get("key_variance") is not None else "f"
+        block = st["key_sampling"] == "bernoulli_block"
+        along = ("f=", "v=") if block else ("R=", "bernoulli:R=")
+        spec_items = [x for x in key_spec(st).split(",") if not x.startswith(along)]
+        target = ("v" if st.get("key_variance") is not None else "f") if block else "R"
         value = "dense" if st["method"] == "dense" else f"{st['sampler']}/{st['budget']}/S={st['samples']}"
-        label = ",".join(spec_items) + (f" ({target})" if st["key_sampling"] == "bernoulli_block" else "") + \
-            f" + {value}"
+        label = ",".join(spec_items if block else ["bernoulli"] + spec_items) + f" ({target}) + {value}"
         xs, ys = series.setdefault(label, ([], []))
         xs.append(key_read(entry))
         ys.append(y)
