@@ -120,6 +120,10 @@ def test_block_budget_reads_less_and_seeds_differ():
     _, a = decode_attention(q, k, v, lens, "dense/keys=block:FB=16,f=0.5", return_info=True)
     _, b = decode_attention(q, k, v, lens, "dense/keys=block:FB=16,f=0.5", step=1, return_info=True)
     assert a.key_fraction.mean() < 0.9 and not np.array_equal(a.lse, b.lse)
+    o = decode_attention(q, k, v, lens, method="dense", key_sampling="bernoulli_block", key_budget=0.5)
+    assert np.array_equal(o, decode_attention(q, k, v, lens, "dense/keys=block:FB=16,f=0.5"))
+    o = decode_attention(q, k, v, lens, key_sampling="bernoulli", key_draws=3, key_block=32)   # santa values
+    assert np.array_equal(o, decode_attention(q, k, v, lens, "systematic/global/S=256/keys=bernoulli:R=3"))
 
 
 def test_key_sampling_none_is_todays_call():
