@@ -300,6 +300,7 @@ def test_cli_eval_model_with_keys(tmp_path, monkeypatch):
     assert data["config"]["settings"] == ["iid/global/S=8/keys=block:FB=16,v=0.5", "dense/keys=block:FB=16,f=0.5",
                                           "dense/keys=bernoulli:R=1"]
     assert set(data["model"]["results"]) == {"dense"} | set(data["config"]["settings"])
+    assert data["config"]["grid"] is False and data["config"]["samples"] == []
     from santa_tools.plotting import pyplot
     assert plot.exists() == (pyplot() is not None)
     r = CliRunner().invoke(ev.eval_command, ["kernel", "--model", str(path), "--device", "gpu", "--keys",

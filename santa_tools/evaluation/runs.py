@@ -236,6 +236,8 @@ class Session:
         if c.extra or not c.grid:                   # only then: the header of other runs stays as it was
             h["settings"] = [st.label for st in c.extra]
             h["grid"] = c.grid
+        if not c.grid:                              # --no-grid: no sampler x budget x S ran
+            h["samplers"], h["budgets"], h["samples"] = [], [], []
         return h
 
     def max_context(self) -> int:
