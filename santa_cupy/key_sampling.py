@@ -1,6 +1,11 @@
 """Score-stage (key) sampling: unbiased estimates of the scaled scores s_j = scale * <q_h, K_j>
 that read only part of K (Bernoulli qK^T, the paper's score-stage sampling). float64 NumPy reference.
 
+Public entry points: an AttentionSetting with key_sampling "bernoulli" | "bernoulli_block" (name part
+``/keys=...``, santa_cupy/setting.py) in ``santa_cupy.decode_attention`` on NumPy inputs (which runs
+key_sampled_attention below), ``santa_cupy.key_scores`` (key_scores below, float32 by default) and
+llama_min's CPU decoder. No GPU kernel yet: GPU inputs raise NotImplementedError.
+
 Shapes: B sequences, H query heads, KVH KV heads, G = H // KVH heads per group (head h reads KV
 head h // G), D head dim, L_max cache rows, R draws, FB features per block, C = D // FB blocks.
 
