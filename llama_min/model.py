@@ -441,8 +441,8 @@ _KEY_SAMPLING_CPU_ONLY = ("key sampling (AttentionSetting.key_sampling) runs on 
 
 
 def key_read_fraction(cache: KVCache) -> float:
-    """Mean fraction of K read by the key-sampled decode calls on this cache (every layer and
-    step; 1.0 when none ran: all of K is read)."""
+    """Mean fraction of K read by the key-sampled decode calls on this cache since it was made
+    (every layer and step; 1.0 when none ran: all of K is read). KVCache.reset keeps the tally."""
     total, calls = getattr(cache, "key_read", (0.0, 0))
     return float(total / calls) if calls else 1.0
 

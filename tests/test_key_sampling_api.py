@@ -216,6 +216,20 @@ def test_cpu_decoder_attention_is_decode_attention(tiny, name):
     assert key_read_fraction(dense) == 1.0
 
 
+def test_cpu_decoder_key_sampling_batched_and_paged(tiny):
+    """Two sequences on a contiguous and on a paged cache: the same logits and K read."""
+    from llama_min.model import key_read_fraction
+    att = AttentionSetting.parse("dense/keys=block:FB=16,f=0.5")
+    prompt = np.array([IDS[:8], IDS[8:16]])
+    runs = []
+    for page_size in (None, 4):
+        cache = tiny.new_cache(2, 20, **({} if page_size is None else {"page_size": page_size}))
+        tiny.prefill(prompt, cache)
+        runs.append((np.stack([tiny.decode(np.array([3, 4]), cache, att) for _ in range(3)]),
+                     key_read_fraction(cache)))
+    assert np.array_equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1] < 1.0
+
+
 def test_gpu_decoder_refuses_key_sampling(tiny):
     with pytest.raises(NotImplementedError, match="NumPy reference only so far"):
         tiny.make_plan(AttentionSetting.parse("dense/keys=bernoulli:R=1"), None)
