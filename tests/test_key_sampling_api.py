@@ -328,3 +328,14 @@ def test_eval_help_lists_key_options():
     for sub in ("kernel", "model", "retrieval", "all"):
         r = CliRunner().invoke(ev.eval_command, [sub, "--help"])
         assert r.exit_code == 0 and "--keys" in r.output and "--setting" in r.output and "--no-grid" in r.output
+
+
+def test_decode_plan_refuses_key_sampling(monkeypatch):
+    """A GPU plan has no key-sampling kernel: it refuses the setting instead of ignoring its fields."""
+    import sys
+    from tests.test_plan_host import _fake_cupy
+    from santa_cupy import DecodePlan
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    with pytest.raises(NotImplementedError, match="key sampling"):
+        DecodePlan(batch=1, heads=8, kv_heads=2, head_dim=128, max_length=256,
+                   setting="dense/keys=block:FB=16,f=0.875")
