@@ -17,8 +17,14 @@ class _PlanLaunches:
     """The kernel launches of a DecodePlan (its attributes: santa_cupy/plan.py)."""
 
     def _launch(self, kernel, grid, args, shared_mem=0, threads=kernels.THREADS):
-        """kernels.launch with this plan's programmatic-launch choice (KernelChoice.programmatic)."""
-        kernels.launch(kernel, grid, args, shared_mem, threads, programmatic=self._programmatic)
+        """kernels.launch with this plan's programmatic-launch choice (KernelChoice.programmatic).
+        The arguments are checked against the kernel's C declaration at the plan's first launch
+        of each kernel only: later runs pass the plan's own buffers and scalars of the same types
+        again (and inputs whose dtypes the plan validated), so the ~5 µs a launch of the check
+        stays off the steady state (eager decode, the JAX callback)."""
+        first = id(kernel) not in self._checked_kernels
+        kernels.launch(kernel, grid, args, shared_mem, threads, programmatic=self._programmatic, check=first)
+        self._checked_kernels.add(id(kernel))
 
     def stage_launchers(self, q, k_cache, v_cache, lengths, *, layer=0, block_table=None):
         """The pipeline's stages one by one, for timing them (bench stages).

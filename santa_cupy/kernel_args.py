@@ -30,6 +30,7 @@ SCALARS = {"int": np.int32, "unsigned": np.uint32, "i64": np.int64, "u64": np.ui
 POINTEES = {"bf16_t": np.uint16, "f16_t": np.float16, "float": np.float32, "double": np.float64, "int": np.int32,
             "unsigned": np.uint32, "i64": np.int64, "u64": np.uint64, "unsigned char": np.uint8, "float4": np.float32}
 
+_SCALAR_TYPES = frozenset(SCALARS.values()) | {np.uint16, np.float16, np.uint8}   # never a pointer's argument
 _KERNEL = re.compile(r"(?:template\s*<(?P<tparams>[^>]*)>\s*)?__global__\s+void\s+"
                      r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(?P<name>\w+)\s*\((?P<params>[^)]*)\)")
 
@@ -49,6 +50,13 @@ class Param:
 class Signature:
     kernel: str                          # the instance, e.g. "santa_merge<bf16_t, 128, 4>"
     params: tuple[Param, ...]
+
+    @functools.cached_property
+    def expected(self) -> tuple[tuple, tuple]:
+        """What check()'s per-launch path compares: ((index, NumPy scalar type) of the scalars,
+        (index, np.dtype) of the pointers)."""
+        return (tuple((i, p.numpy_type) for i, p in enumerate(self.params) if not p.pointer),
+                tuple((i, np.dtype(p.numpy_type)) for i, p in enumerate(self.params) if p.pointer))
 
 
 def _split_args(text: str) -> list[str]:
@@ -124,7 +132,15 @@ def check(sig: Signature, args) -> None:
     if len(args) != len(sig.params):
         raise TypeError(f"{sig.kernel}: {len(args)} arguments for {len(sig.params)} parameters "
                         f"({', '.join(p.name for p in sig.params)})")
-    for i, (p, a) in enumerate(zip(sig.params, args)):
+    # the per-launch path (every eager call): one identity or dtype comparison an argument
+    scalars, pointers = sig.expected
+    try:
+        if all(type(args[i]) is t for i, t in scalars) and \
+                all(args[i].dtype == d and type(args[i]) not in _SCALAR_TYPES for i, d in pointers):
+            return
+    except AttributeError:                                    # a pointer argument without a dtype
+        pass
+    for i, (p, a) in enumerate(zip(sig.params, args)):      # a mismatch: find and name it
         if p.pointer:
             ok = not isinstance(a, np.generic) and hasattr(a, "shape") and getattr(a, "dtype", None) == p.numpy_type
         else:

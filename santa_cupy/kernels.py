@@ -312,13 +312,14 @@ def _c_arg(a):
     raise TypeError(f"no C type for kernel argument {type(a).__name__}")
 
 
-def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, programmatic=None):
+def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, programmatic=None, check=True):
     """Launch on the current stream with enough dynamic shared memory (raising the limit if needed);
     with programmatic dependent launch when ``programmatic`` (True only where
     programmatic_launch_available()), or, None, when set_programmatic_launch(True). The arguments
     of a registered kernel (register_kernel: every kernel of santa_cupy and llama_min) are checked
-    against its C declaration first (kernel_args.check: a TypeError, nothing launched)."""
-    entry = _SIGNATURES.get(id(kernel))
+    against its C declaration first (kernel_args.check: a TypeError, nothing launched), unless
+    ``check`` is False (a caller that checked the same launch site's argument types before)."""
+    entry = _SIGNATURES.get(id(kernel)) if check else None
     if entry is not None:
         kernel_args.check(entry[1], args)
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:

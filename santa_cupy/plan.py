@@ -96,6 +96,7 @@ class DecodePlan(_PlanLaunches):
         if not isinstance(choice, KernelChoice):
             raise TypeError(f"_kernels must be a santa_cupy.kernel_choice.KernelChoice, got {type(choice).__name__}")
         self.setting, self._choice = setting, choice
+        self._checked_kernels = set()        # kernels whose launch arguments _launch has checked
         method, samples, sampler, budget = setting.method, setting.samples, setting.sampler, setting.budget
         if heads % kv_heads or not 1 <= heads // kv_heads <= spec.MAX_G:
             raise ValueError(f"heads must be a multiple of kv_heads with heads // kv_heads in 1..{spec.MAX_G}, "

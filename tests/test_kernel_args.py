@@ -109,3 +109,35 @@ def test_launch_checks_before_launching():
         kernels.launch(k, (4, 2), bad)
     assert len(calls) == 1                                  # nothing launched
     kernels.launch(Kernel(), (4, 2), bad)                   # an unregistered kernel is not checked
+
+
+def test_a_plan_checks_each_kernel_at_its_first_launch_only(monkeypatch):
+    """A plan's later runs pass the same argument types again: the check runs once a kernel."""
+    from tests.test_plan_host import _fake_cupy, _inputs
+    checked = []
+    real = kernel_args.check
+    monkeypatch.setattr(kernel_args, "check", lambda sig, args: (checked.append(sig.kernel), real(sig, args)))
+    import sys
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    source = kernels.build_source()
+
+    class Kernel:
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __call__(self, *a, **k):
+            pass
+
+    def fake_get_kernels(dtype_name, head_dim, group, block_n, method):
+        role = "dense" if method == "dense" else f"santa{block_n}"
+        names = kernels.instance_names(dtype_name, head_dim, group, role)
+        return kernels.KernelSet(**{key: kernels.register_kernel(Kernel(), source, name) for key, name in names.items()})
+
+    monkeypatch.setattr(kernels, "get_kernels", fake_get_kernels)
+    from santa_cupy import DecodePlan
+    q, k, v, lengths = _inputs(L=3000)
+    plan = DecodePlan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0)
+    plan.run(q, k, v, lengths)
+    first = len(checked)
+    assert first >= 3                       # score, prefix, pass 2 (and the merge where it runs)
+    plan.run(q, k, v, lengths)
+    assert len(checked) == first
