@@ -270,9 +270,8 @@ def test_cli_registers_eval_with_subcommands():
     assert "--samples" in r.output and "--small" in r.output and "--layers" in r.output
 
 
-def test_cli_kernel_on_tiny_model(tiny, tmp_path, monkeypatch):
-    import json
-
+def cli_tiny_model(tmp_path, monkeypatch):
+    """A tiny random checkpoint directory for the eval CLI, its tokenizer the id tokenizer."""
     class Tok(IdTok):
         @classmethod
         def from_dir(cls, path):
@@ -280,7 +279,13 @@ def test_cli_kernel_on_tiny_model(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr("llama_min.tokenizer.Tokenizer", Tok)
     (tmp_path / "m").mkdir()
-    path = make_tiny(tmp_path / "m", H=4, KVH=2, layers=2, max_pos=64)[0]
+    return make_tiny(tmp_path / "m", H=4, KVH=2, layers=2, max_pos=64)[0]
+
+
+def test_cli_kernel_on_tiny_model(tiny, tmp_path, monkeypatch):
+    import json
+
+    path = cli_tiny_model(tmp_path, monkeypatch)
     out = tmp_path / "r.json"
     r = CliRunner().invoke(ev.eval_command, [
         "kernel", "--model", str(path), "--device", "cpu", "--context", "30", "--samplers", "stratified",

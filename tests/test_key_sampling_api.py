@@ -293,16 +293,9 @@ def ev_tok():
 
 
 def test_cli_eval_model_with_keys(tmp_path, monkeypatch):
-    from test_evaluate import IdTok
+    from test_evaluate import cli_tiny_model
 
-    class Tok(IdTok):
-        @classmethod
-        def from_dir(cls, path):
-            return cls()
-
-    monkeypatch.setattr("llama_min.tokenizer.Tokenizer", Tok)
-    (tmp_path / "m").mkdir()
-    path = make_tiny(tmp_path / "m", H=4, KVH=2, layers=2, max_pos=64)[0]
+    path = cli_tiny_model(tmp_path, monkeypatch)
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
     r = CliRunner().invoke(ev.eval_command, [
         "model", "--model", str(path), "--device", "cpu", "--context", "30", "--steps", "3", "--greedy-tokens", "2",
