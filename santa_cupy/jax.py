@@ -168,32 +168,18 @@ def _check_shapes(q, k_cache, v_cache, lengths):
 
 
 def _check_paged_shapes(q, k_cache, v_cache, lengths, block_table, page_layout):
-    """(B, H, KVH, D, L_max, page_size) of a paged call; ValueError naming the bad operand."""
-    from santa_cupy import paged
-
-    spec.check_choice("page_layout", page_layout, paged.LAYOUTS)
-    if len(q.shape) != 3:
-        raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
-    B, H, D = q.shape
-    _, page_size, KVH, D_k = paged.page_shape(k_cache, page_layout)
-    if D_k != D:
-        raise ValueError(f"k_cache pages must have head_dim {D} (q's), got shape {tuple(k_cache.shape)}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    """(B, H, KVH, D, L_max, page_size) of a paged call: the block table's shape here (a traced
+    operand: its values are not read), every other check spec's for page pools (the eager path's)."""
+    spec.check_choice("page_layout", page_layout, spec.PAGE_LAYOUTS)
+    B = q.shape[0] if len(q.shape) == 3 else None
     if not hasattr(block_table, "shape") or len(block_table.shape) != 2 or block_table.shape[0] != B or \
             block_table.shape[1] < 1 or not np.issubdtype(np.dtype(block_table.dtype), np.integer):
         raise ValueError(f"block_table must be an integer array [B, max_pages] = [{B}, max_pages], got "
-                         f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
-                         f"{tuple(getattr(block_table, 'shape', ()))}")
-    L_max = int(block_table.shape[1]) * page_size
-    # the contiguous checks on the shape the table addresses
-    _check_shapes(q, _Shape((B, L_max, KVH, D)), _Shape((B, L_max, KVH, D)), lengths)
+                         f"{spec.describe(block_table)}")
+    page_size = spec.page_shape(k_cache, page_layout)[1]
+    B, H, KVH, _, D, L_max = spec._check_page_shapes(q, k_cache, v_cache, lengths, page_layout,
+                                                     int(block_table.shape[1]) * page_size)
     return int(B), int(H), int(KVH), int(D), L_max, int(page_size)
-
-
-class _Shape:
-    def __init__(self, shape):
-        self.shape = shape
 
 
 def _check_static_int(name, value, lo, hi):
