@@ -82,7 +82,8 @@ class GraphDecoder:
                 self.stream.synchronize()
                 # No garbage collection during the capture: collecting an earlier decoder's cycle
                 # would free its private pool (cudaFree, which invalidates a capture) mid-capture.
-                gc.collect()
+                # (Disabling suffices: what is collectable now is collected after the capture; a
+                # gc.collect() here would cost a full collection per decoder, and eval builds many.)
                 gc_was_on = gc.isenabled()
                 gc.disable()
                 self.stream.begin_capture()
