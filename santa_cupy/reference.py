@@ -320,15 +320,19 @@ def sample_counts(
     layer=0,
     scale=None,
     block_n=spec.DEFAULT_BLOCK_N,
+    head_offset=0,
 ):
-    """Sample counts [B, H, L_max] int32 (0 past lengths[b]) for explicit (seed, step, layer)."""
+    """Sample counts [B, H, L_max] int32 (0 past lengths[b]) for explicit (seed, step, layer).
+
+    head_offset: the global index of q's first head (tensor parallelism: a rank holding query heads
+    h0 .. h0 + H - 1 of a model keys head h by h0 + h, so its counts equal those of the whole model)."""
     B, H, _ = q.shape
     L_max = k_cache.shape[1]
     scores = head_scores(q, k_cache, lengths, scale)  # [B, H, L_max]
     counts = np.zeros((B, H, L_max), dtype=np.int32)
     for b in range(B):
         n = int(lengths[b])
-        keys = rng.head_key(seed, step, layer, b, np.arange(H))
+        keys = rng.head_key(seed, step, layer, b, head_offset + np.arange(H))
         counts[b, :, :n] = counts_from_scores(
             scores[b], keys, n, samples=samples, sampler=sampler, budget=budget, block_n=block_n
         )
@@ -420,8 +424,12 @@ def santa_attention(
     layer=0,
     scale=None,
     block_n=spec.DEFAULT_BLOCK_N,
+    head_offset=0,
 ):
     """SANTA decode attention (reference).
+
+    head_offset: the global index of q's first head, the h of rng.head_key for head 0 (tensor
+    parallelism: a rank's heads h0 .. h0 + H - 1 draw what the whole model's heads draw).
 
     Returns o [B, H, D] float64, lse [B, H] float64, rows_read [B, KVH] int32 (distinct V rows
     sampled by any head of the GQA group), spread [B, H] float64, counts [B, H, L_max] int32.
@@ -439,7 +447,7 @@ def santa_attention(
     for b in range(B):
         n = int(lengths[b])
         s = scores[b, :, :n]  # [H, n]
-        keys = rng.head_key(seed, step, layer, b, np.arange(H))
+        keys = rng.head_key(seed, step, layer, b, head_offset + np.arange(H))
         c = counts_from_scores(s, keys, n, samples=samples, sampler=sampler, budget=budget, block_n=block_n)
         counts[b, :, :n] = c
         vb = v[b, :n].transpose(1, 0, 2)[:, None]  # [KVH, 1, n, D]
