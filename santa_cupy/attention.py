@@ -56,7 +56,7 @@ class AttentionInfo:
 def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=256, sampler="systematic",
                      budget="global", seed=0, step=0, layer=0, scale=None, block_n=None,
                      return_info=False, return_counts=False, santa_min_length="auto", out=None,
-                     lse_hint=None, block_table=None, page_layout="NHD"):
+                     lse_hint=None, block_table=None, page_layout="NHD", head_offset=0):
     """One decode step of attention for every sequence and head.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (C-contiguous); lengths [B] (1..L_max).
@@ -81,6 +81,9 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     outputs equal the contiguous call's on the gathered cache (L_max = max_pages * page_size).
     A bad table (a page id out of range, too few pages for a length) is a ValueError naming its
     first bad entry.
+    ``head_offset``: the global index of q's first head, the head index of the RNG key of head 0
+    (tensor parallelism: a rank holding heads h0 .. h0 + H - 1 of a model passes h0 and draws the
+    samples the whole model's heads draw; 0 otherwise).
     """
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     out = interop.as_out(out)
@@ -104,6 +107,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
     _check_int("seed", seed, 0, 2**64 - 1)
     _check_int("step", step, 0, 2**63 - 1)
     _check_int("layer", layer, 0, 2**31 - 1)          # the kernels take it as a C int
+    _check_int("head_offset", head_offset, 0, _INT32_MAX - shape.H)
     if not (isinstance(santa_min_length, str) and santa_min_length == "auto"):   # the NumPy path too
         _check_int("santa_min_length", santa_min_length, 0, _INT32_MAX, what="'auto' or an integer")
     one_pass = method == "santa" and budget == spec.ONE_PASS
@@ -128,16 +132,17 @@ def decode_attention(q, k_cache, v_cache, lengths, *, method="santa", samples=25
             v_cache = paged.gather_pages(v_cache, table, lengths, shape.L_max, layout)
         if one_pass:
             result = _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
-                                              block_n, return_info)
+                                              block_n, return_info, head_offset)
         else:
             result = _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
-                                     seed, step, layer, block_n, return_info)
+                                     seed, step, layer, block_n, return_info, head_offset)
         return result if out is None else _into_numpy_out(result, out, return_info)
     plan = DecodePlan(batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D,
                       max_length=shape.L_max, dtype=shape.dtype_name, method=method, samples=samples,
                       sampler=sampler, budget=budget, seed=seed, scale=shape.scale, block_n=block_n,
                       step=step, santa_min_length=santa_min_length,
-                      page_size=None if pages is None else pages[1], page_layout=page_layout)
+                      page_size=None if pages is None else pages[1], page_layout=page_layout,
+                      head_offset=head_offset)
     import cupy
     table = None if pages is None else cupy.ascontiguousarray(block_table, dtype=cupy.int32)
     hint = cupy.ascontiguousarray(hint, dtype=cupy.float32) if one_pass else None
@@ -170,7 +175,7 @@ def _check_int(name, value, lo, hi, what="an integer"):
 
 
 def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget, seed, step,
-                    layer, block_n, return_info):
+                    layer, block_n, return_info, head_offset=0):
     out_dtype = shape.dtype_name
     if method == "dense":
         o, lse = reference.dense_attention(q, k_cache, v_cache, lengths, shape.scale)
@@ -180,7 +185,7 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
     else:
         o, lse, rows_read, spread, counts = reference.santa_attention(
             q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
-            step=step, layer=layer, scale=shape.scale, block_n=block_n)
+            step=step, layer=layer, scale=shape.scale, block_n=block_n, head_offset=head_offset)
         info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
                              spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool))
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
@@ -188,12 +193,12 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
 
 
 def _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer, block_n,
-                             return_info):
+                             return_info, head_offset=0):
     from santa_cupy import one_pass
 
     o, op = one_pass.one_pass_attention(q, k_cache, v_cache, lengths, samples=samples,
                                         lse_hint=np.asarray(hint, np.float64), seed=seed, step=step, layer=layer,
-                                        scale=shape.scale, block_n=block_n)
+                                        scale=shape.scale, block_n=block_n, head_offset=head_offset)
     out_dtype = shape.dtype_name
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
     if not return_info:
@@ -221,12 +226,15 @@ class DecodePlan:
     RNG step lives on the device (``plan.step``, int64 [1]); ``advance()`` adds one there, so a graph
     that ends with ``advance()`` draws fresh samples on every replay. One plan serves every layer of a
     model (``layer`` is a field of the RNG counter); outputs are overwritten by the next ``run``.
+    ``head_offset``: the global index of the plan's first query head in the RNG keys (a
+    tensor-parallel rank's first head; 0 otherwise), see ``decode_attention``.
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", method="santa",
                  samples=256, sampler="systematic", budget="global", seed=0, scale=None, block_n=None, step=0,
                  dense_kernel="auto", score_kernel="auto", tile_kernel="auto", tiles_per_warp=None,
-                 dense_splits=None, santa_min_length="auto", page_size=None, page_layout="NHD", _dense_rows=None):
+                 dense_splits=None, santa_min_length="auto", page_size=None, page_layout="NHD", head_offset=0,
+                 _dense_rows=None):
         cupy = _import_cupy()
 
         spec.check_choice("method", method, spec.METHODS)
@@ -241,6 +249,8 @@ class DecodePlan:
         if dtype not in spec.GPU_DTYPES:
             raise ValueError(f"dtype must be one of {spec.GPU_DTYPES}, got {dtype!r}")
         self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
+        _check_int("head_offset", head_offset, 0, _INT32_MAX - heads)     # the kernels' C int
+        self.head_offset = int(head_offset)
         # a paged cache (santa_cupy/paged.py): run() then takes page pools and a block_table
         spec.check_choice("page_layout", page_layout, paged.LAYOUTS)
         if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer))
@@ -681,8 +691,8 @@ class DecodePlan:
         kernels.launch(self._warp_kernels[self.finish_in_kernel], (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
-                        u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
-                        self.part_s, self.part_o, self.acc, self.arrive,
+                        u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,
+                        self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from), *pages), self._warp_smem)
 
@@ -705,7 +715,8 @@ class DecodePlan:
         kernels.launch(self.kernels.one_pass, (self._warp_blocks(self.one_tpw), self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
                         i32(self.T_max), i32(self.one_tpw), i32(self.samples), u64(self.seed), self.step, i32(layer),
-                        hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read, self.drawn, *pages),
+                        i32(self.head_offset), hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read,
+                        self.drawn, *pages),
                        self._one_pass_smem)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts, pages):
@@ -715,7 +726,8 @@ class DecodePlan:
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
                         i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
-                        i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer), self.scores,
+                        i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer),
+                        i32(self.head_offset), self.scores,
                         self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read, *pages),
                        kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 
