@@ -108,6 +108,9 @@ class LlamaModel:
         self._kv_storage = np.dtype(np.uint16 if kv_dtype == "bfloat16" else kv_dtype)
         self.H, self.KVH, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.G = self.H // self.KVH
+        # the global index of this model's first query head in SANTA's RNG keys: 0, or a
+        # tensor-parallel rank's first head (llama_min.tensor_parallel), so its samples are the whole model's
+        self.head_offset = 0
         self.scale = 1.0 / np.sqrt(self.D)
         ang = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * rope_inv_freq(cfg)
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))   # [P, D/2]
@@ -367,7 +370,8 @@ class LlamaModel:
             batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D,
             max_length=cache.max_len, dtype=self.kv_dtype, method=att.method, samples=att.samples,
             sampler=att.sampler, budget=att.budget, seed=att.seed, scale=float(self.scale),
-            block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length, **paged)
+            block_n=att.block_n, step=cache.step, santa_min_length=att.santa_min_length,
+            head_offset=self.head_offset, **paged)
 
     def _santa_decode_np(self, att: AttentionConfig, cache: KVCache):
         """-> attn(...) of SANTA at decode step cache.step through santa_cupy.cpu_attention (float32),
@@ -380,7 +384,7 @@ class LlamaModel:
             def attn_one_pass(li, q, kc, vc, lens):
                 o, info = one_pass.one_pass_attention(
                     q, kc, vc, lens, samples=att.samples, lse_hint=cache.lse_hints.get(li), seed=att.seed,
-                    step=step, layer=li, scale=float(self.scale), block_n=block_n)
+                    step=step, layer=li, scale=float(self.scale), block_n=block_n, head_offset=self.head_offset)
                 cache.lse_hints[li] = info.lse
                 cache.rows_taken += int(info.selected.sum())
                 return self._to_kv(o.astype(np.float32))
@@ -389,7 +393,8 @@ class LlamaModel:
         def attn(li, q, kc, vc, lens):
             o = cpu_attention.santa_attention(
                 q, kc, vc, lens, samples=att.samples, sampler=att.sampler, budget=att.budget,
-                seed=att.seed, step=step, layer=li, scale=float(self.scale), block_n=block_n)
+                seed=att.seed, step=step, layer=li, scale=float(self.scale), block_n=block_n,
+                head_offset=self.head_offset)
             return self._to_kv(o)
         return attn
 
@@ -415,7 +420,7 @@ class LlamaModel:
         pos = cache.lengths                                   # [B] int32: the new token's row
         lens = pos + 1
         n = cache.length + 1                                  # rows attended (all sequences alike)
-        x = self.w["embed"][tokens].astype(np.float32)       # [B, d] f32 residual stream (a copy)
+        x = be.embed(self.w["embed"], tokens)                 # [B, d] f32 residual stream (a copy)
         rows = be.token_rows(cache, pos)                      # where the new token's K/V go
         for li, lw in enumerate(self.w["layers"]):
             q = be.qkv_rope_append(be.rms_norm(x, lw["attn_norm"]), lw["wqkv"], cache, li, pos, rows)
@@ -423,7 +428,7 @@ class LlamaModel:
             o = attn(li, q, kc, vc, lens)                     # [B, H, D] KV dtype
             be.linear_add(be.attention_out(o), lw["wo"], x)
             be.linear_add(be.glu(be.rms_norm(x, lw["mlp_norm"]), lw["w_gu"]), lw["w_down"], x)
-        return be.linear(be.rms_norm(x, self.w["norm"]), self.w["lm_head"], out_dtype=np.float32)
+        return be.logits(be.rms_norm(x, self.w["norm"]), self.w["lm_head"])
 
 
 def _hooked(attn, hook):
