@@ -44,6 +44,7 @@ import numpy as np
 from llama_min.backends import Backend
 
 __all__ = ["ShardPlan", "shard_plan", "valid_tp_degrees", "shard_weights", "rank_config", "rank_model",
+           "make_rank_model", "rank_weight_shapes",
            "Communicator", "FakeGroup", "FakeCommunicator", "NcclCommunicator", "ShardedBackend",
            "TensorParallelDecoder", "TensorParallelGraphDecoder", "run_ranks", "NCCL_ENV"]
 
@@ -177,6 +178,14 @@ def _rows_padded(xp, w, lo, hi, n):
     return out
 
 
+def rank_weight_shapes(plan: ShardPlan, hidden: int) -> dict[str, tuple[int, int]]:
+    """A rank's decode-step weight matrices [N, K] (the shard_weights layout): qkv, o, gate_up, down,
+    lm_head (the same on every rank)."""
+    D, Hr, KVr, Ir = plan.head_dim, plan.heads_per_rank, plan.kv_heads_per_rank, plan.intermediate_per_rank
+    return {"qkv": ((Hr + 2 * KVr) * D, hidden), "o": (hidden, Hr * D), "gate_up": (2 * Ir, hidden),
+            "down": (hidden, Ir), "lm_head": (plan.vocab_per_rank, hidden)}
+
+
 def shard_weights(weights: dict, plan: ShardPlan, rank: int) -> dict:
     """One rank's weights (new arrays of the input's array module) from a LlamaModel's `w`:
     wqkv [(Hr + 2 KVHr) D, d] (its q, k, v rows), wo [d, Hr D] (its heads' columns), w_gu [2 Ir, d]
@@ -226,14 +235,20 @@ def rank_model(model, plan: ShardPlan, rank: int, weights: dict | None = None):
     """A LlamaModel of one rank (on the model's device; on the GPU: the current device) from the
     whole model's weights (or the rank's own, `weights`, e.g. generated per rank). Its
     head_offset is the global index of its first query head; tp_plan / tp_rank say where it sits."""
-    from llama_min.model import LlamaModel
-
     if weights is None:
         weights = shard_weights(model.w, plan, rank)
         if model.xp is not np:                      # the shards on the current device
             weights = _to_device(model.xp, weights)
-    m = LlamaModel(rank_config(model.cfg, plan), weights, model.xp, model.device, model.mm_dtype.name,
-                   model.kv_dtype)
+    return make_rank_model(model.cfg, plan, rank, weights, model.xp, model.device, model.mm_dtype.name,
+                           model.kv_dtype)
+
+
+def make_rank_model(cfg, plan: ShardPlan, rank: int, weights: dict, xp, device: str, mm_dtype: str, kv_dtype: str):
+    """The LlamaModel of rank `rank` from its own weights (shard_weights' layout and shapes) and the
+    whole model's config: rank_config's shapes, head_offset its first global query head."""
+    from llama_min.model import LlamaModel
+
+    m = LlamaModel(rank_config(cfg, plan), weights, xp, device, mm_dtype, kv_dtype)
     m.head_offset = plan.query_heads(rank).start
     m.tp_plan, m.tp_rank = plan, rank
     return m
@@ -662,13 +677,15 @@ class TensorParallelGraphDecoder:
     ended, the capture (thread-local capture mode; the garbage collector off meanwhile). Like
     GraphDecoder the graph advances the positions and the SANTA step counter itself."""
 
-    def __init__(self, models, comms, caches, devices, attention=None, gemv=None, lm_head: str = "gather"):
+    def __init__(self, models, comms, caches, devices, attention=None, gemv=None, lm_head: str = "gather",
+                 programmatic_launch: bool | None = None):
         import gc
 
         import cupy
 
         from llama_min.backends import gpu_backend
         from llama_min.model import AttentionConfig
+        from santa_cupy import kernels
 
         self.models, self.comms, self.caches, self.devices = list(models), list(comms), list(caches), list(devices)
         self.tp = len(self.models)
@@ -707,15 +724,26 @@ class TensorParallelGraphDecoder:
                     self.graphs[r] = stream.end_capture()
             stream.synchronize()
 
-        self._run(setup_and_warm)
-        gc.collect()
-        was_on = gc.isenabled()
-        gc.disable()
+        # programmatic dependent launch of santa-cupy's kernels as GraphDecoder's (None: on where the
+        # GPU has it); the flag is process-wide, so it is set once here for every rank's capture
+        was_programmatic = kernels.programmatic_launch()
+        with cupy.cuda.Device(self.devices[0]):
+            self.programmatic_launch = kernels.set_programmatic_launch(programmatic_launch is not False)
         try:
-            self._run(capture)
+            self._run(setup_and_warm)
+            gc.collect()
+            was_on = gc.isenabled()
+            gc.disable()
+            try:
+                self._run(capture)
+            finally:
+                if was_on:
+                    gc.enable()
+        except BaseException:
+            self.close()
+            raise
         finally:
-            if was_on:
-                gc.enable()
+            kernels.set_programmatic_launch(was_programmatic)
 
     def _attn(self, r):
         plan, kw = self.plans[r], self.caches[r].attention_kwargs
@@ -753,10 +781,13 @@ class TensorParallelGraphDecoder:
                 self.streams[r].synchronize()
 
     def close(self):
-        for b in self.backends:
-            if b is not None:
-                b.close()
-        self.graphs = [None] * self.tp
-        for p in self.pools:
-            if p is not None:
-                p.free_all_blocks()
+        """Release the graphs, the private pools and the cuBLAS handles (each under its device)."""
+        import cupy
+        for r in range(self.tp):
+            with cupy.cuda.Device(self.devices[r]):
+                if self.backends[r] is not None:
+                    self.backends[r].close()
+                self.graphs[r] = None
+                if self.pools[r] is not None:
+                    self.pools[r].free_all_blocks()
+        self.backends = [None] * self.tp
