@@ -44,7 +44,7 @@ import numpy as np
 from llama_min.backends import Backend
 
 __all__ = ["ShardPlan", "shard_plan", "valid_tp_degrees", "shard_weights", "rank_config", "rank_model",
-           "make_rank_model", "rank_weight_shapes",
+           "make_rank_model", "rank_models_on_gpus", "rank_weight_shapes",
            "Communicator", "FakeGroup", "FakeCommunicator", "NcclCommunicator", "ShardedBackend",
            "TensorParallelDecoder", "TensorParallelGraphDecoder", "run_ranks", "NCCL_ENV"]
 
@@ -243,6 +243,27 @@ def rank_model(model, plan: ShardPlan, rank: int, weights: dict | None = None):
                            model.kv_dtype)
 
 
+def rank_models_on_gpus(cfg, weights: dict, plan: ShardPlan, devices, mm_dtype: str = "float16",
+                        kv_dtype: str = "float16") -> list:
+    """Rank r's LlamaModel on GPU devices[r], from a whole model's weights (NumPy, or CuPy on any
+    device): sharded, then copied to the rank's device (of mm_dtype; norms float32)."""
+    import cupy
+
+    mm = np.dtype(mm_dtype)
+    models = []
+    for r, dev in enumerate(devices):
+        shard = shard_weights(weights, plan, r)
+        with cupy.cuda.Device(dev):
+            w = _to_device(cupy, shard)
+            cast = lambda a: a if a.dtype == np.float32 and a.ndim == 1 else a.astype(mm, copy=False)   # noqa: E731
+            w = {"embed": cast(w["embed"]), "norm": w["norm"], "lm_head": cast(w["lm_head"]),
+                 "layers": [{k: cast(v) for k, v in lw.items()} for lw in w["layers"]]}
+            if shard["lm_head"] is shard["embed"]:
+                w["lm_head"] = w["embed"]
+            models.append(make_rank_model(cfg, plan, r, w, cupy, "gpu", mm.name, kv_dtype))
+    return models
+
+
 def make_rank_model(cfg, plan: ShardPlan, rank: int, weights: dict, xp, device: str, mm_dtype: str, kv_dtype: str):
     """The LlamaModel of rank `rank` from its own weights (shard_weights' layout and shapes) and the
     whole model's config: rank_config's shapes, head_offset its first global query head."""
@@ -255,8 +276,9 @@ def make_rank_model(cfg, plan: ShardPlan, rank: int, weights: dict, xp, device: 
 
 
 def _to_device(cp, weights):
-    """Every array of a weight dict copied to the current device (tied lm_head kept tied)."""
-    up = lambda a: cp.asarray(a)    # noqa: E731  (a copy when a lives on another device)
+    """Every array of a weight dict copied to the current device (tied lm_head kept tied): NumPy
+    arrays uploaded, CuPy arrays copied (ndarray.copy() allocates on the current device)."""
+    up = lambda a: a.copy() if isinstance(a, cp.ndarray) else cp.asarray(a)    # noqa: E731
     out = {"embed": up(weights["embed"]), "norm": up(weights["norm"]),
            "layers": [{k: up(v) for k, v in lw.items()} for lw in weights["layers"]]}
     out["lm_head"] = out["embed"] if weights["lm_head"] is weights["embed"] else up(weights["lm_head"])
@@ -291,7 +313,8 @@ class Communicator:
 
 
 class FakeGroup:
-    """N FakeCommunicators in one process exchanging NumPy arrays (one thread a rank: each
+    """N FakeCommunicators in one process exchanging arrays (NumPy; or CuPy arrays of one GPU, for
+    single-GPU tests of the GPU step without NCCL), one thread a rank: each
     collective waits for every rank). Sums run in rank order 0..N-1 on every rank, so results are
     reproducible and equal on every rank. `calls` counts collectives by kind (rank 0's), `bytes`
     the bytes rank 0 contributed; abort() breaks every waiting rank out (BrokenBarrierError)."""
@@ -319,7 +342,7 @@ class FakeGroup:
         self._barrier.reset()
 
     def _exchange(self, rank, x, kind):
-        self._slots[rank] = np.array(x, copy=True)
+        self._slots[rank] = x.copy()
         if rank == 0:
             self.calls[kind] += 1
             self.bytes[kind] += self._slots[0].nbytes
@@ -330,7 +353,7 @@ class FakeGroup:
 
 
 class FakeCommunicator(Communicator):
-    """One rank of a FakeGroup (the CPU's communicator; NumPy arrays)."""
+    """One rank of a FakeGroup (the CPU's communicator; NumPy arrays, or CuPy arrays of one device)."""
 
     def __init__(self, group: FakeGroup, rank: int):
         self.group, self.rank, self.size = group, rank, group.size
@@ -344,7 +367,7 @@ class FakeCommunicator(Communicator):
         return x
 
     def all_gather(self, x):
-        return np.stack(self.group._exchange(self.rank, x, "all_gather"))
+        return _xp_of(x).stack(self.group._exchange(self.rank, x, "all_gather"))
 
     def barrier(self):
         if self.rank == 0:
