@@ -218,16 +218,27 @@ class LlamaModel:
     def _out_mlp(self, lw, x, o):
         """Residual update: x [N,d] f32, attention output o [N, H*D] -> x after o_proj and MLP."""
         xp, mm = self.xp, self.mm_dtype
-        x = x + self._linear(o.astype(mm), lw["wo"]).astype(np.float32, copy=False)
+        x = x + self._row_linear(o.astype(mm), lw["wo"])
         h = self._rmsnorm(x, lw["mlp_norm"]).astype(mm)
         gu = self._linear(h, lw["w_gu"]).astype(np.float32, copy=False)       # [N, 2I]
         I = gu.shape[1] // 2
         g = gu[:, :I]
         a = g * (0.5 * (1.0 + xp.tanh(0.5 * g))) * gu[:, I:]           # silu(gate) * up
-        return x + self._linear(a.astype(mm), lw["w_down"]).astype(np.float32, copy=False)
+        return x + self._row_linear(a.astype(mm), lw["w_down"])
+
+    def _row_linear(self, x, w):
+        """The prefill's O and down products as float32 [N, d] (what a tensor-parallel rank sums
+        over its ranks: llama_min.tensor_parallel)."""
+        return self._linear(x, w).astype(np.float32, copy=False)
+
+    def _embed(self, ids):                          # ids [N] -> [N, d] f32 (a tensor-parallel rank: summed)
+        return self.w["embed"][ids].astype(np.float32)
 
     def _head(self, x):                             # x [N, d] f32 -> logits [N, V] f32
         h = self._rmsnorm(x, self.w["norm"]).astype(self.mm_dtype)
+        return self._lm_head(h)
+
+    def _lm_head(self, h):                          # h [N, d] mm -> [N, V] f32 (a tensor-parallel rank: gathered)
         return self._linear(h, self.w["lm_head"]).astype(np.float32, copy=False)
 
     def _linear(self, x, w, out_dtype=None):
@@ -243,7 +254,7 @@ class LlamaModel:
         B, T = ids.shape
         H, KVH, G, D = self.H, self.KVH, self.G, self.D
         L = start + T
-        x = self.w["embed"][ids.reshape(-1)].astype(np.float32)           # [B*T, d]
+        x = self._embed(ids.reshape(-1))                                    # [B*T, d] f32
         cos = xp.tile(self.cos[start:L], (B, 1))[:, None, :]               # [B*T, 1, D/2]
         sin = xp.tile(self.sin[start:L], (B, 1))[:, None, :]
         qpos = xp.arange(start, L)[:, None]

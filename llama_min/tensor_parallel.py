@@ -20,7 +20,8 @@ Layout (Megatron-style; d hidden, H / KVH query / KV heads, D head dim, I interm
 Two all-reduces a layer (after wo and after w_down) and one for the embedding, all inside the
 one decode step `LlamaModel._decode_core`, through `ShardedBackend` (its linear_add computes the
 partial product, all-reduces it and adds it to the residual; embed / logits are the Backend seams
-of the embedding and lm-head). Each rank's model is a LlamaModel of the shard's shapes, its
+of the embedding and lm-head). The prefill is LlamaModel.prefill on every rank, chunked as ever,
+its collectives in the model's _row_linear / _embed / _lm_head seams (RankModel). Each rank's model is a LlamaModel of the shard's shapes, its
 `head_offset` the global index of its first query head: SANTA keys head h of the rank by
 rng.head_key(..., head_offset + h), so a rank draws exactly what that head draws at TP=1
 (santa_cupy's head_offset; the counts are rank-invariant given the attention inputs).
@@ -34,7 +35,9 @@ its collectives included, as one CUDA graph per rank (TensorParallelGraphDecoder
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -265,14 +268,78 @@ def rank_models_on_gpus(cfg, weights: dict, plan: ShardPlan, devices, mm_dtype: 
 
 
 def make_rank_model(cfg, plan: ShardPlan, rank: int, weights: dict, xp, device: str, mm_dtype: str, kv_dtype: str):
-    """The LlamaModel of rank `rank` from its own weights (shard_weights' layout and shapes) and the
+    """The RankModel of rank `rank` from its own weights (shard_weights' layout and shapes) and the
     whole model's config: rank_config's shapes, head_offset its first global query head."""
+    return _rank_model_class()(rank_config(cfg, plan), weights, xp, device, mm_dtype, kv_dtype, plan=plan,
+                               rank=rank)
+
+
+def _vocab_embed(w, ids, lo, hi, comm):
+    """Rows of the vocabulary slice [lo, hi) held in w for the token ids [N] (zeros for the others),
+    summed over the ranks (one rank holds each id: exact) -> [N, d] float32."""
+    xp = _xp_of(w)
+    local = ids - lo
+    inside = (local >= 0) & (local < hi - lo)
+    rows = w[xp.where(inside, local, 0)].astype(np.float32)
+    rows = xp.ascontiguousarray(xp.where(inside[:, None], rows, np.float32(0)))
+    return comm.all_reduce_sum(rows)
+
+
+def _gather_logits(local, comm, plan: ShardPlan):
+    """Every rank's logit slice [N, Vr] float32 -> [N, V] in vocabulary order (padding dropped)."""
+    xp = _xp_of(local)
+    N, Vr = local.shape
+    gathered = comm.all_gather(xp.ascontiguousarray(local))                 # [tp, N, Vr]
+    return xp.ascontiguousarray(gathered.transpose(1, 0, 2).reshape(N, plan.tp * Vr)[:, :plan.vocab])
+
+
+@functools.lru_cache(maxsize=None)
+def _rank_model_class():
     from llama_min.model import LlamaModel
 
-    m = LlamaModel(rank_config(cfg, plan), weights, xp, device, mm_dtype, kv_dtype)
-    m.head_offset = plan.query_heads(rank).start
-    m.tp_plan, m.tp_rank = plan, rank
-    return m
+    class RankModel(LlamaModel):
+        """One rank's LlamaModel: the shard's shapes (cfg), head_offset = its first global query
+        head; with a communicator attached (`comm`, set by the decoders) its prefill all-reduces the
+        O / down products and the embedding and gathers the logits (LlamaModel's _row_linear /
+        _embed / _lm_head seams); token ids are checked against the whole vocabulary."""
+
+        def __init__(self, cfg, weights, xp, device, mm_dtype, kv_dtype, *, plan: ShardPlan, rank: int):
+            super().__init__(cfg, weights, xp, device, mm_dtype, kv_dtype)
+            self.tp_plan, self.tp_rank, self.comm = plan, rank, None
+            self.head_offset = plan.query_heads(rank).start
+            self.vocab_lo, self.vocab_hi = plan.vocab_slice(rank)
+
+        def _comm(self):
+            if self.comm is None:
+                raise RuntimeError("a tensor-parallel rank model needs its communicator (model.comm) for the "
+                                   "prefill; run it through TensorParallelDecoder")
+            return self.comm
+
+        def _row_linear(self, x, w):
+            return self._comm().all_reduce_sum(self._linear(x, w, np.float32).astype(np.float32, copy=False))
+
+        def _embed(self, ids):
+            return _vocab_embed(self.w["embed"], ids, self.vocab_lo, self.vocab_hi, self._comm())
+
+        def _lm_head(self, h):
+            return _gather_logits(self._linear(h, self.w["lm_head"], np.float32).astype(np.float32, copy=False),
+                                  self._comm(), self.tp_plan)
+
+        def _blas_threads(self, phase, tokens=1):
+            return contextlib.nullcontext()        # threadpoolctl's limits are process-wide: not per rank
+
+        def _check_ids(self, token_ids):
+            V = self.tp_plan.vocab
+            if isinstance(token_ids, (np.ndarray, list, tuple)):
+                ids = np.asarray(token_ids)
+                if ids.dtype.kind not in "iu":
+                    raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+                if ids.size and (ids.min() < 0 or ids.max() >= V):
+                    raise ValueError(f"token ids must be in 0..{V - 1}, got range {ids.min()}..{ids.max()}")
+                return self.xp.asarray(ids.astype(np.int32))
+            return token_ids.astype(self.xp.int32)
+
+    return RankModel
 
 
 def _to_device(cp, weights):
@@ -529,21 +596,13 @@ class ShardedBackend(Backend):
         return into
 
     def embed(self, w, tokens):
-        xp = _xp_of(w)
-        local = tokens - self.vocab_lo
-        inside = (local >= 0) & (local < self.vocab_hi - self.vocab_lo)
-        rows = w[xp.where(inside, local, 0)].astype(np.float32)
-        rows = xp.where(inside[:, None], rows, np.float32(0))
-        return self.comm.all_reduce_sum(xp.ascontiguousarray(rows))
+        return _vocab_embed(w, tokens, self.vocab_lo, self.vocab_hi, self.comm)
 
     def logits(self, h, w):
         local = self.inner.logits(h, w)                                     # [B, Vr] float32
-        xp = _xp_of(local)
         if self.lm_head == "argmax":
-            return self._argmax(xp, local)
-        B, Vr = local.shape
-        gathered = self.comm.all_gather(xp.ascontiguousarray(local))        # [tp, B, Vr]
-        return xp.ascontiguousarray(gathered.transpose(1, 0, 2).reshape(B, self.plan.tp * Vr)[:, :self.plan.vocab])
+            return self._argmax(_xp_of(local), local)
+        return _gather_logits(local, self.comm, self.plan)
 
     def _argmax(self, xp, local):
         n = self.vocab_hi - self.vocab_lo
@@ -593,7 +652,7 @@ class TensorParallelDecoder:
     LlamaModel._decode_core on every rank at once (one thread a rank) over a ShardedBackend.
 
         dec = TensorParallelDecoder.from_model(model, tp=4, batch=1, max_len=64)   # CPU: FakeGroup
-        dec.prefill(prompt_ids)                   # token by token (decode steps, exact attention)
+        dec.prefill(prompt_ids)                   # LlamaModel.prefill on every rank (chunks)
         logits = dec.decode(tokens, attention)    # [B, V] float32, rank 0's (every rank has them)
 
     On the GPU build the rank models under their devices and pass NcclCommunicators (devices: the
@@ -609,6 +668,8 @@ class TensorParallelDecoder:
         self.abort = abort
         self.backends = [ShardedBackend(m.backend, c, self.plan, r, lm_head)
                          for r, (m, c) in enumerate(zip(self.models, self.comms))]
+        for m, c in zip(self.models, self.comms):
+            m.comm = c                                # the prefill's collectives
 
     @classmethod
     def from_model(cls, model, tp: int, batch: int = 1, max_len: int | None = None, lm_head: str = "gather",
@@ -665,9 +726,18 @@ class TensorParallelDecoder:
             return out
         return self._on_ranks(step)[0]
 
-    def prefill(self, token_ids):
-        """token_ids [B, T] appended token by token (exact attention; the SANTA step counter left
-        where it was, as LlamaModel.prefill leaves it) -> the last position's logits."""
+    def prefill(self, token_ids, chunk: int | None = None):
+        """token_ids [B, T] appended on every rank (LlamaModel.prefill in chunks, its O / down
+        products and embedding all-reduced, the logits gathered) -> the last position's logits
+        [B, V] float32 (rank 0's)."""
+        from llama_min.model import CHUNK
+
+        ids = np.asarray(token_ids)
+        return self._on_ranks(lambda r: self.models[r].prefill(ids, self.caches[r], chunk or CHUNK))[0]
+
+    def prefill_by_decoding(self, token_ids):
+        """token_ids [B, T] appended token by token (decode steps, exact attention; the SANTA step
+        counter left where it was, as prefill leaves it) -> the last position's logits."""
         from llama_min.model import AttentionConfig
 
         ids = np.asarray(token_ids)

@@ -153,8 +153,8 @@ def _generate(model, tp, attention, steps=4, lm_head="gather", align=1):
     group = FakeGroup(tp)
     dec = TensorParallelDecoder.from_model(model, tp, batch=2, max_len=32, lm_head=lm_head, align=align,
                                            group=group)
-    first = dec.prefill(PROMPT)
-    logits, tokens = ([], [first]) if lm_head == "argmax" else ([first], [first.argmax(-1)])
+    first = dec.prefill(PROMPT)                       # logits, gathered, in either lm_head mode
+    logits, tokens = ([], [first.argmax(-1)]) if lm_head == "argmax" else ([first], [first.argmax(-1)])
     for _ in range(steps):
         out = dec.decode(tokens[-1], attention)
         if lm_head == "argmax":
@@ -184,22 +184,32 @@ def test_tp_decode_matches_tp1(attention, KVH, tps):
         assert np.abs(got - ref).max() <= 1e-5 * scale, (tp, np.abs(got - ref).max())
 
 
-def test_tp1_is_the_model_step_bit_for_bit():
-    """TP=1 through ShardedBackend == LlamaModel._decode_core on the model's own backend."""
+def test_tp1_is_the_model_bit_for_bit():
+    """TP=1 (a RankModel's prefill, ShardedBackend's step) == the plain LlamaModel's prefill and
+    decode, bit for bit."""
     model = random_model(H=8, KVH=2)
     att = ATTENTIONS["santa"]
     got, _, _ = _generate(model, 1, att, steps=3)
     cache = model.new_cache(2, 32)
-    for j in range(PROMPT.shape[1]):
-        out = model._decode_core(PROMPT[:, j].astype(np.int32), cache, model._eager_attention(ATTENTIONS["dense"],
-                                                                                              cache))
-        cache.advance()
-    cache.step = 0
-    want = [out]
+    want = [model.prefill(PROMPT, cache)]
     for _ in range(3):
-        out = model.decode(want[-1].argmax(-1), cache, att)
-        want.append(out)
+        want.append(model.decode(want[-1].argmax(-1), cache, att))
     assert np.array_equal(got, np.stack(want))
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_tp_prefill_in_chunks_matches_prefill_by_decoding(tp):
+    """The chunked TP prefill (collectives in LlamaModel.prefill's seams) and a prefill of decode
+    steps fill the caches alike and give the same logits, within rounding."""
+    model = random_model(H=8, KVH=2)
+    a = TensorParallelDecoder.from_model(model, tp, batch=2, max_len=32)
+    b = TensorParallelDecoder.from_model(model, tp, batch=2, max_len=32)
+    la, lb = a.prefill(PROMPT, chunk=4), b.prefill_by_decoding(PROMPT)
+    assert np.abs(la - lb).max() <= 1e-5 * np.abs(lb).max()
+    for ca, cb in zip(a.caches, b.caches):
+        assert ca.length == cb.length == PROMPT.shape[1] and ca.step == cb.step == 0
+        n = ca.length
+        assert np.allclose(ca.k[1][:, :n], cb.k[1][:, :n], rtol=1e-5, atol=1e-5)
 
 
 def test_tp_padding_and_collective_counts():
@@ -209,9 +219,9 @@ def test_tp_padding_and_collective_counts():
     ref, ref_tok, _ = _generate(model, 1, ATTENTIONS["dense"], steps=2)
     got, tok, group = _generate(model, 4, ATTENTIONS["dense"], steps=2, align=8)
     assert np.array_equal(tok, ref_tok) and np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
-    steps = PROMPT.shape[1] + 2
-    assert group.calls["all_reduce"] == steps * (2 * 3 + 1)
-    assert group.calls["all_gather"] == steps
+    passes = 1 + 2                                     # the prefill (one chunk) and two decode steps
+    assert group.calls["all_reduce"] == passes * (2 * 3 + 1)
+    assert group.calls["all_gather"] == passes
     assert got.shape[-1] == 61
 
 
