@@ -1,7 +1,10 @@
 """Tensor-parallel decoding on the CPU (llama_min.tensor_parallel): the sharding arithmetic and its
 errors, the fake communicator, and TP=N against TP=1 on tiny random models (FakeGroup)."""
 
+import os
+import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -322,3 +325,76 @@ def test_bench_tp_memory_per_gpu():
     assert 85e9 < e2e.tp_memory(m, 1, 131072 + 40, 2) < 100e9
     assert e2e.tp_memory(m, 1, 131072 + 40, 8) < 30e9
     assert 15e9 < e2e.tp_memory(e2e.LLAMA8B_MODEL, 1, 131072 + 40, 2) < 18e9      # (16 GB + 17 GB KV) / 2
+
+
+# --------------------------------------------------------------------------- NcclCommunicator's host side
+
+
+def test_nccl_environment_turns_nvls_off(monkeypatch):
+    from llama_min import tensor_parallel as tpm
+
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    tpm._nccl_environment()
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    with pytest.raises(RuntimeError, match="never uses NVLink multicast"):
+        tpm._nccl_environment()
+
+
+class _FakeDeviceArray:
+    """What NcclCommunicator reads of a CuPy array: dtype, shape, size, flags, device, data.ptr."""
+
+    def __init__(self, shape, dtype, device=0, ptr=4096):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape))
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.device = types.SimpleNamespace(id=device)
+        self.data = types.SimpleNamespace(ptr=ptr)
+
+
+def test_nccl_communicator_calls(monkeypatch):
+    """In-place all-reduce and all-gather on the current stream with NCCL's dtype codes; initAll
+    over the devices; wrong arrays refused; NVLS off before NCCL initialises."""
+    from llama_min import tensor_parallel as tpm
+
+    calls = []
+
+    class FakeNcclComm:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def allReduce(self, *a):
+            calls.append(("allReduce", self.dev) + a)
+
+        def allGather(self, *a):
+            calls.append(("allGather", self.dev) + a)
+
+        def destroy(self):
+            calls.append(("destroy", self.dev))
+
+    nccl = types.SimpleNamespace(available=True, NCCL_FLOAT32=7, NCCL_FLOAT16=6, NCCL_FLOAT64=8, NCCL_INT32=2,
+                                 NCCL_SUM=0)
+    nccl.NcclCommunicator = types.SimpleNamespace(initAll=lambda devs: [FakeNcclComm(d) for d in devs])
+    cupy = types.ModuleType("cupy")
+    cupy.ndarray = _FakeDeviceArray
+    cupy.empty = lambda shape, dtype: _FakeDeviceArray(shape, dtype, ptr=8192)
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=77), nccl=nccl)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    comms = tpm.NcclCommunicator.create_all([2, 3])
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+    assert [(c.rank, c.size, c.device) for c in comms] == [(0, 2, 2), (1, 2, 3)]
+    x = _FakeDeviceArray((2, 8), np.float32, device=3, ptr=1000)
+    assert comms[1].all_reduce_sum(x) is x
+    assert calls[-1] == ("allReduce", 3, 1000, 1000, 16, 7, 0, 77)
+    out = comms[1].all_gather(_FakeDeviceArray((2, 5), np.float16, device=3, ptr=2000))
+    assert out.shape == (2, 2, 5) and calls[-1] == ("allGather", 3, 2000, 8192, 10, 6, 77)
+    with pytest.raises(ValueError, match="on device 3"):
+        comms[1].all_reduce_sum(_FakeDeviceArray((4,), np.float32, device=2))
+    with pytest.raises(TypeError, match="NCCL collectives here take"):
+        comms[1].all_reduce_sum(_FakeDeviceArray((4,), np.int8, device=3))
+    for c in comms:
+        c.close()
+        c.close()                                      # idempotent
+    assert [c for c in calls if c[0] == "destroy"] == [("destroy", 2), ("destroy", 3)]
