@@ -381,8 +381,8 @@ class Communicator:
 
 class FakeGroup:
     """N FakeCommunicators in one process exchanging arrays (NumPy; or CuPy arrays of one GPU, for
-    single-GPU tests of the GPU step without NCCL), one thread a rank: each
-    collective waits for every rank). Sums run in rank order 0..N-1 on every rank, so results are
+    single-GPU tests of the GPU step without NCCL), one thread a rank (each collective waits for
+    every rank). Sums run in rank order 0..N-1 on every rank, so results are
     reproducible and equal on every rank. `calls` counts collectives by kind (rank 0's), `bytes`
     the bytes rank 0 contributed; abort() breaks every waiting rank out (BrokenBarrierError)."""
 
