@@ -15,7 +15,7 @@ from llama_min.model import AttentionConfig
 from llama_min.tensor_parallel import (FakeGroup, NcclCommunicator, TensorParallelDecoder, TensorParallelGraphDecoder,
                                        rank_models_on_gpus, run_ranks, shard_plan)
 from tests.gpu_util import HAVE_GPU, requires_gpu
-from tests.tp_util import random_config, random_weights
+from tests.test_tp import random_config, random_weights
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 

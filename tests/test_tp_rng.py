@@ -10,7 +10,7 @@ from llama_min.model import AttentionConfig
 from llama_min.tensor_parallel import TensorParallelDecoder, shard_plan
 from santa_cupy import cpu_attention, decode_attention, kernels, one_pass, reference
 from tests import test_plan_host as host
-from tests.tp_util import random_model
+from tests.test_tp import random_model
 
 launches = host.launches          # the recording-kernel fixture of the plan's host-side tests
 
