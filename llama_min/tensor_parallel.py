@@ -18,9 +18,9 @@ Layout (Megatron-style; d hidden, H / KVH query / KV heads, D head dim, I interm
   distributed argmax: ShardedBackend(lm_head="argmax")).
 
 Two all-reduces a layer (after wo and after w_down) and one for the embedding, all inside the
-one decode step `LlamaModel._decode_core`, through `ShardedBackend` (its linear_add computes the
-partial product, all-reduces it and adds it to the residual; embed / logits are the Backend seams
-of the embedding and lm-head). The prefill is LlamaModel.prefill on every rank, chunked as ever,
+one decode step `LlamaModel._decode_core`, through `ShardedBackend` (its linear_add: rank 0 adds
+its partial product to the residual stream, the others write theirs over it, one in-place
+all-reduce sums them; embed / logits are the Backend seams of the embedding and lm-head). The prefill is LlamaModel.prefill on every rank, chunked as ever,
 its collectives in the model's _row_linear / _embed / _lm_head seams (RankModel). Each rank's model is a LlamaModel of the shard's shapes, its
 `head_offset` the global index of its first query head: SANTA keys head h of the rank by
 rng.head_key(..., head_offset + h), so a rank draws exactly what that head draws at TP=1
@@ -545,8 +545,9 @@ class NcclCommunicator(Communicator):
 
 class ShardedBackend(Backend):
     """A rank's Backend: the inner backend's products and kernels on the rank's shard, plus the
-    collectives. linear_add (the O and down products, row-parallel): partial = x @ w.T in float32,
-    all-reduced, then added to the residual; embed: the rank's vocabulary rows (zeros for tokens
+    collectives. linear_add (the O and down products, row-parallel): the residual plus rank 0's
+    partial product, the other ranks' partials, summed by one in-place all-reduce into the
+    residual; embed: the rank's vocabulary rows (zeros for tokens
     outside its slice), all-reduced; logits: the rank's slice of the lm-head, all-gathered into
     [B, V] (lm_head="gather"), or the greedy tokens [B] int32 by a distributed argmax
     (lm_head="argmax": every rank's (max, index) pair gathered, the lowest index on ties, as
@@ -590,10 +591,25 @@ class ShardedBackend(Backend):
 
     # the collectives
     def linear_add(self, x, w, into):
-        part = self.inner.linear(x, w, np.float32).astype(np.float32, copy=False)   # [B, d] this rank's share
-        self.comm.all_reduce_sum(part)
-        into += part
-        return into
+        """into [B, d] (the residual) := into + the sum over ranks of x @ w.T: rank 0 adds its share
+        to the residual as the inner backend does (gemv: in the product's launch), the other ranks
+        overwrite into with theirs, then one in-place all-reduce (no scratch buffer, no add kernel;
+        into is no longer needed by the step: its norm was taken before the product)."""
+        if self.rank == 0:
+            self.inner.linear_add(x, w, into)
+        else:
+            self._linear_into(x, w, into)
+        return self.comm.all_reduce_sum(into)
+
+    def _linear_into(self, x, w, into):
+        """into := x @ w.T in float32 (gemv writes it in its launch; otherwise zeros, then added)."""
+        fits = getattr(self.inner, "_fits", None)
+        if fits is not None and fits(x, w):
+            from llama_min import ops
+            ops.gemv(x, w, out=into)
+            return
+        into.fill(0)
+        self.inner.linear_add(x, w, into)
 
     def embed(self, w, tokens):
         return _vocab_embed(w, tokens, self.vocab_lo, self.vocab_hi, self.comm)
