@@ -380,7 +380,7 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     // heads from the partials the others left in L2 (merge.cuh): up to 32 splits a warp per head,
     // one round trip; more, the whole block per head, 32 splits a warp and round trip. One launch
     // instead of two: the plan asks for it up to kernels.DENSE_SELF_MERGE_MAX_SPLITS (32) splits a
-    // group, where it measured faster than santa_merge's launch (docs/history/BENCHMARKS-journal.md, steps 9, 11, 13).
+    // group, where it measured faster than santa_merge's launch (H200, kernel_choice.py).
     const i64 bm = pair_v[0];
     const int active = (seq_len(lengths, bm, L_max) + pair_v[1] - 1) / pair_v[1];
     if (!block_arrives_last(merge_counters + bm * KVH + g, (unsigned)active)) return;

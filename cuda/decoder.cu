@@ -3,7 +3,7 @@
 // At batch 1 a decode step moves ~15 GB of weights through ~7 GEMVs a layer; everything between
 // them (RMSNorm, rotary, the K/V append, SiLU * up, casts) is a few KB. Written as CuPy array
 // expressions those few KB cost ~60 kernels a layer, ~2-3 µs each even inside a CUDA graph:
-// ~4 ms of an 8 ms step (docs/history/BENCHMARKS-journal.md, sixth session). Here each step is one launch.
+// ~4 ms of an 8 ms step (H200, 8B shape). Here each step is one launch.
 //
 // Storage types as in common.cuh: float, f16_t, bf16_t (bits). Tp = the dtype of a weight product's
 // output (float or f16_t: the matmul dtype, or f32 from gemv.cu), Tkv = the KV-cache dtype. All

@@ -12,7 +12,7 @@
 //
 // Where the FMA gather spends ~45 instructions a row (a 16-bit row slice per lane, a shared
 // count load, a branch and E FMAs per head), a k-step of 16 rows is ~40 (ldmatrix, mma) at D 128.
-// Measured (docs/history/BENCHMARKS-journal.md, step 9): the fixed budget's tile stage at 32k 148 -> 127 us; below 16
+// Measured on the H200: the fixed budget's tile stage at 32k 148 -> 127 us; below 16
 // selected rows a tile the padded k-step loses to the FMA gathers, so kernels.py picks it from 16.
 //
 // Stage layout [kRows][D] T with 16-byte chunk c of row r stored at chunk c ^ (r & 7): the 8 row

@@ -3,7 +3,7 @@
 // Decoding one token per sequence multiplies every weight matrix w [N, K] (16-bit, row-major, as
 // stored) by n_tok <= NB activation rows x [n_tok, K]: a matrix-vector product that reads each
 // weight once and is bound by that read. cuBLAS's GEMM with 1-4 columns measured 2.7-4.1 TB/s on
-// the H200 by shape (docs/history/BENCHMARKS-journal.md, sixth session); these kernels are written to stream w at the
+// the H200 by shape; these kernels are written to stream w at the
 // bandwidth limit. Two versions:
 //
 // v2 gemv_split (the default): grid (ceil(N / kRows)), block 128: block b computes rows

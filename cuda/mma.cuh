@@ -59,8 +59,7 @@ __device__ __forceinline__ void load_quads(u32 (&w)[N], const void* row, int fir
 // uses words 2ks and 2ks + 1 of the slice, so the dot products pair the same dims in A and B while
 // every load is a 16-byte vector. Interleaving the quads (not [t*D/4, (t+1)*D/4)) makes one load
 // instruction of a group's 4 threads read 64 contiguous bytes, two whole 32-byte sectors: no sector
-// is requested by two instructions (the contiguous slices doubled the L1 sector requests;
-// docs/history/BENCHMARKS-journal.md, step 11).
+// is requested by two instructions (the contiguous slices doubled the L1 sector requests, ncu).
 template <typename T, int D, int G>
 struct MmaQuery {
     static constexpr bool kHi = G > 8;       // rows 8..15 of the tile hold heads too

@@ -79,7 +79,7 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // a real step in flight at BN 128, D 128, G 4 (holding the tile's scores for a two-pass max/sum
 // took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
-// faster (docs/history/BENCHMARKS-journal.md, step 8).
+// faster (H200).
 // The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
 template <typename T, int D, int BN, int G>
 __device__ __forceinline__ void score_run(const T* __restrict__ q, const CacheRows<T, D>& K, int n, float scale,

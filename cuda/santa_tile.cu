@@ -189,9 +189,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // The run's sums live in shared memory (each lane its own D/32 slice per head, or the mma
 // fragment's elements) rather than registers, so they are not live through the counts phase (at
 // bf16, D 128, BN 128, G 4: 72 instead of 96 registers), for one shared read-add-write per tile
-// and head; measured faster at every point of the H200 grid (docs/history/BENCHMARKS-journal.md,
-// step 8). Holding the next tile's stash scores across the gather (the pipelining below) took it to
-// 127 (step 9). __launch_bounds__(.., 4 blocks) for G <= 4 (128 registers, no spills; uncapped,
+// and head; measured faster at every point of the H200 grid. Holding the next tile's stash scores
+// across the gather (the pipelining below) took it to 127. __launch_bounds__(.., 4 blocks) for G <= 4 (128 registers, no spills; uncapped,
 // nvcc takes 130-186 and the occupancy halves), 3 for G 5..8 (164-168, as the kernel took before
 // this session; capped at 128 it spilled 100+ bytes).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;

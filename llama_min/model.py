@@ -337,9 +337,14 @@ class LlamaModel:
         """-> attn(layer, q [B,H,D] kv-dtype, k_cache, v_cache, lengths [B]) -> [B,H,D].
 
         CPU: dense = the float32 NumPy decode below, santa = santa_cupy.cpu_attention (the same
-        estimator as the float64 reference, in float32). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
+        estimator as the float64 reference, in float32), key sampling = _key_sampled_decode_np (the
+        float64 reference of santa_cupy.key_sampling; the GPU refuses it). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
         plan and check lengths on the host, a sync, at every call); its device step counter is
         set to cache.step by a device-side fill, so the step stays free of host syncs."""
+        if att.key_sampled:                        # score-stage sampling: the NumPy reference only so far
+            if self.xp is not np:
+                raise NotImplementedError(_KEY_SAMPLING_CPU_ONLY)
+            return self._key_sampled_decode_np(att, cache)
         if att.method == "dense" and self.xp is np:
             n = cache.length + 1
             return lambda li, q, kc, vc, lens: self._dense_decode_np(q, kc, vc, lens, n)
@@ -356,6 +361,8 @@ class LlamaModel:
     def make_plan(self, att: AttentionSetting, cache: KVCache):
         """A santa_cupy.DecodePlan for this model's shapes and the cache (GPU only)."""
         import santa_cupy
+        if att.key_sampled:
+            raise NotImplementedError(_KEY_SAMPLING_CPU_ONLY)
         if att.budget == santa_cupy.spec.ONE_PASS:
             raise ValueError("budget 'one_pass' in llama_min runs on the CPU for now (the GPU decoder would need "
                              "a hint per layer: santa_cupy.DecodePlan.run(lse_hint=...))")
@@ -390,6 +397,28 @@ class LlamaModel:
             return self._to_kv(o)
         return attn
 
+    def _key_sampled_decode_np(self, att: AttentionSetting, cache: KVCache):
+        """-> attn(...) of a key-sampling setting at decode step cache.step: santa_cupy.key_sampling's
+        float64 reference (key_sampled_attention; the value stage of att.method on the estimated
+        scores), each layer's random numbers keyed by (att.seed, cache.step, layer) as SANTA's, so
+        it equals santa_cupy.decode_attention(q, k, v, lengths, att, step=cache.step, layer=layer).
+        The fraction of K each call reads adds up on the cache: cache.key_read = [sum of the
+        calls' key_fraction, calls] (the mean: their ratio; see key_read_fraction)."""
+        from santa_cupy import key_sampling, spec
+        block_n = att.block_n or spec.default_block_n("santa", self.D)
+        step, value = cache.step, ("dense" if att.method == "dense" else "santa")
+        tally = cache.__dict__.setdefault("key_read", [0.0, 0])
+
+        def attn(li, q, kc, vc, lens):
+            o, _, info, _ = key_sampling.key_sampled_attention(
+                q, np.ascontiguousarray(kc), np.ascontiguousarray(vc), lens, value=value, samples=att.samples,
+                sampler=att.sampler, budget=att.budget, block_n=block_n, seed=att.seed, step=step, layer=li,
+                scale=float(self.scale), **att.key_options)
+            tally[0] += info.key_fraction
+            tally[1] += 1
+            return self._to_kv(o.astype(np.float32))
+        return attn
+
     def _dense_decode_np(self, q, kc, vc, lens, n):
         """Float32 NumPy dense decode over the first n cache rows (rows >= lens[b] masked)."""
         B, KVH, G, D = q.shape[0], self.KVH, self.G, self.D
@@ -421,6 +450,17 @@ class LlamaModel:
             be.linear_add(be.attention_out(o), lw["wo"], x)
             be.linear_add(be.glu(be.rms_norm(x, lw["mlp_norm"]), lw["w_gu"]), lw["w_down"], x)
         return be.logits(be.rms_norm(x, self.w["norm"]), self.w["lm_head"])
+
+
+_KEY_SAMPLING_CPU_ONLY = ("key sampling (AttentionSetting.key_sampling) runs on the NumPy reference only so far: "
+                          "decode on the CPU (device='cpu'), or key_sampling='none' on the GPU")
+
+
+def key_read_fraction(cache: KVCache) -> float:
+    """Mean fraction of K read by the key-sampled decode calls on this cache since it was made
+    (every layer and step; 1.0 when none ran: all of K is read). KVCache.reset keeps the tally."""
+    total, calls = getattr(cache, "key_read", (0.0, 0))
+    return float(total / calls) if calls else 1.0
 
 
 def _hooked(attn, hook):

@@ -17,7 +17,10 @@ from santa_cupy.info import AttentionInfo
 from santa_cupy.plan import DecodePlan
 from santa_cupy.setting import AttentionSetting
 
-__all__ = ["AttentionInfo", "DecodePlan", "clear_plan_cache", "decode_attention"]
+__all__ = ["AttentionInfo", "DecodePlan", "clear_plan_cache", "decode_attention", "key_scores"]
+
+KEY_SAMPLING_CPU_ONLY = ("key sampling runs on the NumPy reference only so far (santa_cupy.key_sampling): pass "
+                         "NumPy arrays, or key_sampling='none' on the GPU")
 
 
 @interop.accepts_stream
@@ -39,8 +42,10 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
         The estimator (santa_cupy.AttentionSetting or its name, e.g. "dense",
         "systematic/global/S=256"); None: ``AttentionSetting()`` (santa, systematic, global, 256).
     **setting_fields
-        method, samples, sampler, budget, seed, block_n, santa_min_length: change those fields of
-        ``setting`` (``decode_attention(q, k, v, lengths, method="dense")``).
+        method, samples, sampler, budget, seed, block_n, santa_min_length and the key-sampling
+        fields (key_sampling, key_draws, key_block, key_budget, key_variance, key_rule,
+        key_combine): change those fields of ``setting`` (``decode_attention(q, k, v, lengths,
+        method="dense")``, ``decode_attention(..., key_sampling="bernoulli_block", key_budget=0.75)``).
     step, layer : int
         The RNG keys of this call besides the setting's seed (0..2**63-1, 0..2**31-1).
     scale : float or None
@@ -81,6 +86,13 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     is a ValueError; NaN or +inf among a head's scores (NaN/inf in K within the length) makes that
     head's output NaN.
 
+    Key sampling (``key_sampling`` "bernoulli" | "bernoulli_block", santa_cupy.key_sampling) runs on
+    the NumPy reference only so far: the scores are estimated from part of K (keyed by (seed, step,
+    layer) on their own RNG stream), then the value stage of ``method`` runs on them (dense: the
+    exact softmax of the estimated scores; santa: SANTA sampling from them), in float64;
+    ``info.lse`` is the estimated scores' and ``info.key_fraction`` the fraction of K read. GPU
+    inputs with key sampling raise NotImplementedError.
+
     On the GPU the call checks the lengths on the host (a sync) and reuses a DecodePlan from a
     cache of PLAN_CACHE_SIZE (keyed by device, stream, shape, dtype, scale, setting, paged
     layout; ``clear_plan_cache()`` frees them); o and info are copied out of the plan's buffers,
@@ -90,6 +102,8 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     out = interop.as_out(out)
     setting = AttentionSetting.from_fields(setting, **setting_fields)      # validates the fields
+    if setting.key_sampled and spec.is_cupy_array(q):
+        raise NotImplementedError(KEY_SAMPLING_CPU_ONLY)
     method, samples, sampler, budget, seed = setting.method, setting.samples, setting.sampler, setting.budget, \
         setting.seed
     block_n = setting.resolved_block_n(q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
@@ -131,7 +145,10 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
             layout, _, table = pages
             k_cache = paged.gather_pages(k_cache, table, lengths, shape.L_max, layout)
             v_cache = paged.gather_pages(v_cache, table, lengths, shape.L_max, layout)
-        if one_pass:
+        if setting.key_sampled:
+            result = _key_sampled_reference_call(q, k_cache, v_cache, lengths, shape, setting, step, layer, block_n,
+                                                 return_info)
+        elif one_pass:
             result = _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
                                               block_n, return_info, head_offset)
         else:
@@ -160,6 +177,28 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
         if return_counts and method == "santa" and not one_pass:
             info.counts = plan.sample_counts(q, k_cache, lengths, layer=layer, block_table=table)
     return o, info
+
+
+def key_scores(q, k_cache, lengths, setting=None, *, step=0, layer=0, scale=None, out_dtype=np.float32,
+               **setting_fields):
+    """The estimated scaled scores of a key-sampling setting: [B, H, L_max] ``out_dtype`` (float32
+    by default, or float64; -inf at positions >= lengths[b]) and the KeySamplingInfo
+    (santa_cupy.key_sampling: ``key_fraction``, the pieces read, the inclusion probabilities).
+
+    NumPy inputs as decode_attention's (q [B, H, D], k_cache [B, L_max, KVH, D], lengths [B]);
+    ``setting`` an AttentionSetting or its name (None: the defaults), ``setting_fields`` change its
+    fields (``key_scores(q, k, lengths, key_sampling="bernoulli", key_draws=8)``); only the
+    key-sampling fields and the seed matter here (key_sampling "none": the exact scores). The
+    random numbers are decode_attention's for the same setting, step and layer, so these are the
+    scores its key-sampled call attends over. For tests and for one's own estimators on the
+    scores."""
+    from santa_cupy import key_sampling
+
+    setting = AttentionSetting.from_fields(setting, **setting_fields)
+    if spec.is_cupy_array(q):
+        raise NotImplementedError(KEY_SAMPLING_CPU_ONLY)
+    return key_sampling.key_scores(q, k_cache, lengths, seed=setting.seed, step=step, layer=layer, scale=scale,
+                                   out_dtype=out_dtype, **setting.key_options)
 
 
 class _PlanCache:
@@ -201,7 +240,15 @@ def _owned(info: AttentionInfo) -> AttentionInfo:
         return None if x is None else cupy.array(x, copy=True)
     return AttentionInfo(lse=copy(info.lse), rows_read=copy(info.rows_read), spread=copy(info.spread),
                          counts=info.counts, dense_fallback=copy(info.dense_fallback),
-                         samples_drawn=copy(info.samples_drawn))
+                         samples_drawn=copy(info.samples_drawn),
+                         key_fraction=copy(info.key_fraction) if info.key_fraction is not None else
+                         _gpu_all_of_k(info.rows_read.shape))
+
+
+def _gpu_all_of_k(shape):
+    """info.key_fraction of a GPU call (no key sampling there): ones [B, KVH] float32."""
+    import cupy
+    return cupy.ones(shape, dtype=cupy.float32)
 
 
 def _into_numpy_out(result, out, return_info):
@@ -222,6 +269,11 @@ def _check_int(name, value, lo, hi, what="an integer"):
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
 
 
+def _all_of_k(shape):
+    """info.key_fraction without key sampling: every K byte read."""
+    return np.ones((shape.B, shape.KVH), np.float32)
+
+
 def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget, seed, step,
                     layer, block_n, return_info, head_offset=0):
     out_dtype = shape.dtype_name
@@ -229,15 +281,42 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
         o, lse = reference.dense_attention(q, k_cache, v_cache, lengths, shape.scale)
         info = AttentionInfo(lse=lse.astype(np.float32),
                              rows_read=np.repeat(np.asarray(lengths, np.int32)[:, None], shape.KVH, axis=1),
-                             spread=np.zeros((shape.B, shape.H), np.float32), dense_fallback=np.ones(shape.B, bool))
+                             spread=np.zeros((shape.B, shape.H), np.float32), dense_fallback=np.ones(shape.B, bool),
+                             key_fraction=_all_of_k(shape))
     else:
         o, lse, rows_read, spread, counts = reference.santa_attention(
             q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
             step=step, layer=layer, scale=shape.scale, block_n=block_n, head_offset=head_offset)
         info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
-                             spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool))
+                             spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool),
+                             key_fraction=_all_of_k(shape))
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
     return (o, info) if return_info else o
+
+
+def _key_sampled_reference_call(q, k_cache, v_cache, lengths, shape, setting, step, layer, block_n, return_info):
+    """Key sampling on the reference (santa_cupy.key_sampling.key_sampled_attention): the value
+    stage of setting.method on the estimated scores."""
+    from santa_cupy import key_sampling
+
+    dense = setting.method == "dense"
+    o, lse, ks, counts, spread = key_sampling.key_sampled_attention(
+        q, k_cache, v_cache, lengths, value="dense" if dense else "santa", samples=setting.samples,
+        sampler=setting.sampler, budget=setting.budget, block_n=block_n, seed=setting.seed, step=step, layer=layer,
+        scale=shape.scale, return_spread=True, **setting.key_options)
+    out_dtype = shape.dtype_name
+    o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
+    if not return_info:
+        return o
+    B, KVH, G = shape.B, shape.KVH, shape.G
+    if dense:
+        rows_read = np.repeat(np.asarray(lengths, np.int32)[:, None], KVH, axis=1)
+    else:
+        rows_read = (counts.reshape(B, KVH, G, -1) > 0).any(axis=2).sum(axis=-1).astype(np.int32)
+    info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read, spread=spread.astype(np.float32),
+                         counts=counts, dense_fallback=np.full(B, dense),
+                         key_fraction=ks.group_fraction.astype(np.float32))
+    return o, info
 
 
 def _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer, block_n,
@@ -253,7 +332,7 @@ def _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint,
         return o
     info = AttentionInfo(lse=op.lse.astype(np.float32), rows_read=op.rows_read.astype(np.int32),
                          spread=np.zeros((shape.B, shape.H), np.float32), dense_fallback=np.zeros(shape.B, bool),
-                         samples_drawn=op.selected.sum(-1).astype(np.int32))
+                         samples_drawn=op.selected.sum(-1).astype(np.int32), key_fraction=_all_of_k(shape))
     return o, info
 
 

@@ -26,6 +26,13 @@ class AttentionInfo:
     samples_drawn : [B, H] int32 or None
         Rows each head took (budget one_pass: a random number, about samples * exp(lse -
         lse_hint)); ``samples`` for the other budgets; None for dense.
+    key_fraction : [B, KVH] float32 or None
+        Fraction of the K bytes of each sequence's rows that the KV group reads: 1 without key
+        sampling; with it (santa_cupy.key_sampling, NumPy only so far) the fraction of the row's
+        pieces read (blocks for "bernoulli_block", 32-byte sectors of 2-byte storage for
+        "bernoulli"), the same for every row of the sequence. The fraction of the whole call is
+        ``(key_fraction * lengths[:, None]).sum() / (lengths.sum() * KVH)``. None from
+        ``DecodePlan.info()`` (no key sampling on the GPU: all of K is read).
 
     From ``decode_attention`` the arrays are the caller's; from ``DecodePlan.info()`` they are
     views of the plan's buffers, overwritten by its next run.
@@ -37,3 +44,4 @@ class AttentionInfo:
     counts: Any = None
     dense_fallback: Any = None
     samples_drawn: Any = None
+    key_fraction: Any = None

@@ -26,15 +26,15 @@ TILE_KERNELS = ("auto", "block", "warp", "warp_mma")
 
 # decode_dense_mma merges in its own last block per KV group up to this many splits a group; above,
 # santa_merge runs after it. 32 = a warp's lanes: merge.cuh's warp_merge_dense_head merges a head's
-# up to 32 partials with every load in flight at once, a warp per head (H200, docs/history/BENCHMARKS-journal.md step 11:
+# up to 32 partials with every load in flight at once, a warp per head (H200:
 # B=1 32k 40.5 -> 38.5 us, 8k 17.9 -> 16.0, 128k 128.1 -> 125.8). More splits the kernel merges a
 # head at a time with the whole block (block_merge_dense_head, 32 splits a warp and round trip),
-# which measured slower than santa_merge's launch (step 13: SmolLM2 B=1, 3 groups of 121 splits,
+# which measured slower than santa_merge's launch (SmolLM2 B=1, 3 groups of 121 splits,
 # 32k 15.0 -> 15.6 us, 128k 33.7 -> 34.3), so the plan keeps the cap at 32.
 DENSE_SELF_MERGE_MAX_SPLITS = 32
 MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many expected rows per tile
 # "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
-# H200 (docs/history/BENCHMARKS-journal.md, step 8): fused faster at 25-34 MB, two-pass faster from 101 MB
+# H200: fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 # santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials): finishing
 # in the kernel (atomics, last block) measured faster for few KV groups (B=1: 11.5 vs 7.4 + 5.9 us

@@ -1,6 +1,11 @@
 """Score-stage (key) sampling: unbiased estimates of the scaled scores s_j = scale * <q_h, K_j>
 that read only part of K (Bernoulli qK^T, the paper's score-stage sampling). float64 NumPy reference.
 
+Public entry points: an AttentionSetting with key_sampling "bernoulli" | "bernoulli_block" (name part
+``/keys=...``, santa_cupy/setting.py) in ``santa_cupy.decode_attention`` on NumPy inputs (which runs
+key_sampled_attention below), ``santa_cupy.key_scores`` (key_scores below, float32 by default) and
+llama_min's CPU decoder. No GPU kernel yet: GPU inputs raise NotImplementedError.
+
 Shapes: B sequences, H query heads, KVH KV heads, G = H // KVH heads per group (head h reads KV
 head h // G), D head dim, L_max cache rows, R draws, FB features per block, C = D // FB blocks.
 
@@ -69,11 +74,11 @@ from santa_cupy import rng, spec
 F32 = np.float32
 F64 = np.float64
 
-KEY_SAMPLINGS = ("none", "bernoulli", "bernoulli_block")
-KEY_BLOCKS = (16, 32)
-KEY_RULES = ("uniform", "qmax", "qrms", "qkvar")
-KEY_COMBINES = ("mean", "union")
-MAX_KEY_DRAWS = 256
+KEY_SAMPLINGS = spec.KEY_SAMPLINGS        # the option values live in spec (AttentionSetting checks them too)
+KEY_BLOCKS = spec.KEY_BLOCKS
+KEY_RULES = spec.KEY_RULES
+KEY_COMBINES = spec.KEY_COMBINES
+MAX_KEY_DRAWS = spec.MAX_KEY_DRAWS
 VALUE_STAGES = ("dense", "santa")
 
 __all__ = [
@@ -118,19 +123,11 @@ def _check_int(name, value, lo, hi):
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {int(value)}")
 
 
-def _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D):
-    spec.check_choice("key_sampling", key_sampling, KEY_SAMPLINGS)
-    spec.check_choice("key_rule", key_rule, KEY_RULES)
-    spec.check_choice("key_combine", key_combine, KEY_COMBINES)
-    _check_int("key_draws", key_draws, 1, MAX_KEY_DRAWS)
-    if isinstance(key_block, bool) or not isinstance(key_block, numbers.Integral) or int(key_block) not in KEY_BLOCKS:
-        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
+def _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D, key_variance=None):
+    """spec.check_key_options, then D a multiple of key_block."""
+    spec.check_key_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, key_variance)
     if D % int(key_block):
         raise ValueError(f"head dim D={D} must be a multiple of key_block={key_block}")
-    if isinstance(key_budget, bool) or not isinstance(key_budget, numbers.Real):
-        raise ValueError(f"key_budget must be a real number in (0, 1], got {key_budget!r}")
-    if not 0.0 < float(key_budget) <= 1.0:
-        raise ValueError(f"key_budget must be in (0, 1], got {key_budget!r}")
 
 
 def _validate(q, k_cache, lengths, scale, seed, step, layer):
@@ -357,13 +354,8 @@ def key_scores(
     """
     shape = _validate(q, k_cache, lengths, scale, seed, step, layer)
     B, KVH, G, D = shape.B, shape.KVH, shape.G, shape.D
-    _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D)
+    _check_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, D, key_variance)
     if key_variance is not None:
-        if isinstance(key_variance, bool) or not isinstance(key_variance, numbers.Real) or not (
-                0.0 < float(key_variance) < np.inf):
-            raise ValueError(f"key_variance must be None or a finite real > 0, got {key_variance!r}")
-        if key_rule != "qkvar":
-            raise ValueError(f'key_variance needs key_rule="qkvar", got key_rule={key_rule!r}')
         key_variance = float(key_variance)
     if not isinstance(key_crn, (bool, np.bool_)):
         raise ValueError(f"key_crn must be a bool, got {key_crn!r}")
@@ -424,10 +416,13 @@ def key_sampled_attention(
     step=0,
     layer=0,
     scale=None,
+    return_spread=False,
     **key_options,
 ):
     """Decode attention on estimated scores (reference): o [B, H, D] float64, lse [B, H] float64 of
-    the estimated scores, KeySamplingInfo, and the SANTA counts [B, H, L_max] (None for dense).
+    the estimated scores, KeySamplingInfo, and the SANTA counts [B, H, L_max] (None for dense);
+    with ``return_spread`` also the value stage's spread [B, H] float64 (the estimated standard
+    error of o given the scores, RMS over D, as reference.santa_attention's; zeros for dense).
 
     ``key_options`` go to key_scores (key_sampling, key_draws, key_block, key_budget, key_variance, key_rule,
     key_combine, key_crn, sector_features, k_var). ``value`` "dense": o = softmax(s_hat) V exactly;
@@ -447,6 +442,7 @@ def key_sampled_attention(
     o = np.zeros((B, H, D))
     lse = np.zeros((B, H))
     counts = None if value == "dense" else np.zeros(s.shape, dtype=np.int32)
+    spread = np.zeros((B, H))
     for b in range(B):
         n = int(lengths[b])
         sb = s[b, :, :n]  # [H, n]
@@ -461,7 +457,8 @@ def key_sampled_attention(
         keys = rng.head_key(seed, step, layer, b, np.arange(H))
         c = ref.counts_from_scores(sb, keys, n, samples=samples, sampler=sampler, budget=budget, block_n=block_n)
         counts[b, :, :n] = c
-        ob, _ = ref.estimate(c.reshape(KVH, G, n), sb.reshape(KVH, G, n), vb, samples=samples, budget=budget,
-                             block_n=block_n)
+        ob, sp = ref.estimate(c.reshape(KVH, G, n), sb.reshape(KVH, G, n), vb, samples=samples, budget=budget,
+                              block_n=block_n)
         o[b] = ob.reshape(H, D)
-    return o, lse, info, counts
+        spread[b] = np.asarray(sp).reshape(H)
+    return (o, lse, info, counts, spread) if return_spread else (o, lse, info, counts)

@@ -97,6 +97,9 @@ class DecodePlan(_PlanLaunches):
         self.head_offset = int(head_offset)
 
         setting = AttentionSetting.from_fields(setting, **setting_fields)
+        if setting.key_sampled:
+            raise NotImplementedError(f"key sampling ({setting}) runs on the NumPy reference only so far "
+                                      "(santa_cupy.decode_attention with NumPy arrays); no GPU kernel yet")
         choice = KernelChoice() if _kernels is None else _kernels
         if not isinstance(choice, KernelChoice):
             raise TypeError(f"_kernels must be a santa_cupy.kernel_choice.KernelChoice, got {type(choice).__name__}")

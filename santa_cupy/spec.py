@@ -152,6 +152,43 @@ def check_block_n(block_n):
         raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n!r}")
 
 
+# score-stage (key) sampling, santa_cupy.key_sampling (NumPy reference only so far)
+KEY_SAMPLINGS = ("none", "bernoulli", "bernoulli_block")
+KEY_BLOCKS = (16, 32)                 # features per block of the block estimator
+KEY_RULES = ("uniform", "qmax", "qrms", "qkvar")
+KEY_COMBINES = ("mean", "union")
+MAX_KEY_DRAWS = 256
+
+
+def _check_key_int(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {int(value)}")
+
+
+def check_key_options(key_sampling, key_draws, key_block, key_budget, key_rule, key_combine, key_variance=None):
+    """The key-sampling options (santa_cupy.key_sampling.key_scores', AttentionSetting's key_*
+    fields): ValueError naming the first bad one. key_variance: None or a finite real > 0, with
+    key_rule "qkvar" only. The head dim's divisibility by key_block is checked at the call."""
+    check_choice("key_sampling", key_sampling, KEY_SAMPLINGS)
+    check_choice("key_rule", key_rule, KEY_RULES)
+    check_choice("key_combine", key_combine, KEY_COMBINES)
+    _check_key_int("key_draws", key_draws, 1, MAX_KEY_DRAWS)
+    if isinstance(key_block, bool) or not isinstance(key_block, numbers.Integral) or int(key_block) not in KEY_BLOCKS:
+        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
+    if isinstance(key_budget, bool) or not isinstance(key_budget, numbers.Real):
+        raise ValueError(f"key_budget must be a real number in (0, 1], got {key_budget!r}")
+    if not 0.0 < float(key_budget) <= 1.0:
+        raise ValueError(f"key_budget must be in (0, 1], got {key_budget!r}")
+    if key_variance is not None:
+        if isinstance(key_variance, bool) or not isinstance(key_variance, numbers.Real) or not (
+                0.0 < float(key_variance) < math.inf):
+            raise ValueError(f"key_variance must be None or a finite real > 0, got {key_variance!r}")
+        if key_rule != "qkvar":
+            raise ValueError(f'key_variance needs key_rule="qkvar", got key_rule={key_rule!r}')
+
+
 def _array_library(name, x) -> str:
     """'numpy' or 'cupy'; TypeError for anything else."""
     if isinstance(x, np.ndarray):

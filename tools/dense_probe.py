@@ -11,7 +11,7 @@ For each case (llama8b shapes, bf16, rotating copies >= 3x L2 as in `bench kerne
   * our dense on a head-major copy (each KV head its own sequence: K/V rows contiguous per head);
   * torch SDPA cuDNN / flash on a contiguous [B, KVH, L, D] copy and on a zero-copy strided view of
     our [B, L, KVH, D] cache (skipped without torch).
-Markdown rows on stdout. docs/history/BENCHMARKS-journal.md, seventh session, has one run.
+Markdown rows on stdout.
 """
 
 from __future__ import annotations

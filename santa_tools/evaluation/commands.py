@@ -9,7 +9,7 @@ import json
 import click
 
 from llama_min.commands import check_output_path
-from santa_tools.evaluation.config import FULL, OPTION_TYPES, SMALL, _csv, resolve_config
+from santa_tools.evaluation.config import FULL, OPTION_TYPES, SMALL, SettingName, _csv, resolve_config
 from santa_tools.evaluation.report import merge_results, write_report
 from santa_tools.evaluation.runs import run_and_report
 
@@ -37,6 +37,16 @@ def _common(f):
         click.option("--block-n", type=click.Choice([str(b) for b in _block_ns()]), default=None,
                      callback=lambda ctx, param, v: None if v is None else int(v),
                      help="SANTA tile size (default: santa_cupy's)."),
+        click.option("--setting", "settings", type=SettingName(), multiple=True, metavar="NAME",
+                     help="An extra setting by name, after the grid's (repeatable), e.g. "
+                          "'systematic/global/S=256/keys=block:FB=16,f=0.875' (key sampling: CPU only)."),
+        click.option("--keys", type=SettingName("dense/keys="), multiple=True, metavar="SPEC",
+                     help="Key (score-stage) sampling with the dense value stage, i.e. --setting "
+                          "dense/keys=SPEC (repeatable): block:FB=16|32,f=FRACTION|v=VARIANCE[,R=N][,rule=R]"
+                          "[,combine=mean|union] or bernoulli:R=N[,combine=C]. Reports the K fraction read "
+                          "and (eval kernel) the lse and output bias. CPU only."),
+        click.option("--no-grid", is_flag=True,
+                     help="Only dense and the --setting / --keys settings (no sampler x budget x S grid)."),
         click.option("--small", is_flag=True, help="A CPU-sized grid (minutes on 2 cores): " +
                      ", ".join(f"{k}={v}" for k, v in SMALL.items()) + "."),
         click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,

@@ -25,6 +25,25 @@ def _csv(text, kind=str) -> list:
     return [kind(x.strip()) for x in str(text).split(",") if x.strip()]
 
 
+class SettingName(click.ParamType):
+    """One santa_cupy.AttentionSetting name (e.g. "dense/keys=block:FB=16,f=0.875"), checked when
+    the command line is parsed; ``prefix`` is put in front of the text first (``--keys``: "dense/keys=")."""
+
+    name = "setting"
+
+    def __init__(self, prefix=""):
+        self.prefix = prefix
+
+    def convert(self, value, param, ctx):
+        from santa_cupy import AttentionSetting
+        if isinstance(value, AttentionSetting):
+            return value
+        try:
+            return AttentionSetting.parse(self.prefix + str(value).strip())
+        except (TypeError, ValueError) as e:
+            self.fail(str(e), param, ctx)
+
+
 class CommaList(click.ParamType):
     """A comma-separated list whose every item is checked by click type `item` (e.g. an IntRange
     or a Choice), so a bad value fails when the command line is parsed, before any model loads."""
@@ -83,6 +102,8 @@ class EvalConfig:
     block_n: int | None
     small: bool
     given: frozenset = frozenset()   # the options given on the command line (not defaults)
+    extra: tuple = ()                # AttentionSettings of --setting / --keys, after the grid's
+    grid: bool = True                # False (--no-grid): only the extra settings (and dense)
 
 
 def resolve_config(small: bool, **given) -> EvalConfig:
@@ -102,7 +123,19 @@ def resolve_config(small: bool, **given) -> EvalConfig:
                       greedy_tokens=int(v["greedy_tokens"]), lengths=_csv(v["lengths"], int),
                       depths=_csv(v["depths"], float), needles=int(v["needles"]),
                       answer_tokens=int(v["answer_tokens"]), block_n=given.get("block_n"), small=small,
-                      given=frozenset(k for k in base if given.get(k) is not None))
+                      given=frozenset(k for k in base if given.get(k) is not None),
+                      extra=extra_settings(given.get("settings"), given.get("keys")),
+                      grid=not given.get("no_grid"))
+
+
+def extra_settings(settings=None, keys=None) -> tuple:
+    """The settings of --setting NAME (any AttentionSetting name) and --keys SPEC (the dense
+    value stage on key-sampled scores, "dense/keys=SPEC"), in that order, each once."""
+    from santa_cupy import AttentionSetting
+    sc = SettingName()
+    out = [sc.convert(x, None, None) for x in (settings or ())]
+    out += [SettingName("dense/keys=").convert(x, None, None) for x in (keys or ())]
+    return tuple(dict.fromkeys(AttentionSetting.parse(x) for x in out))
 
 
 def retrieval_cap(max_positions: int, answer_tokens: int) -> int:

@@ -104,7 +104,24 @@ def make_stepper(model, cache, attention):
     return Stepper(model, cache, attention)
 
 
-class Stepper:
+class _OwnsGraph:
+    """close() / with-block release of the GraphDecoder in ``self.graph`` (None: nothing held)."""
+
+    graph = None
+
+    def close(self):
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Stepper(_OwnsGraph):
     """One decode step at a time on a cache (see make_stepper)."""
 
     def __init__(self, model, cache, attention):
@@ -119,16 +136,6 @@ class Stepper:
             return to_host(self.graph.replay(np.asarray([token], np.int32))[0])
         return decode_logits(self.model, self.cache, token, self.attention)
 
-    def close(self):
-        if self.graph is not None:
-            self.graph.close()
-            self.graph = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 
@@ -209,7 +216,7 @@ def eager_greedy(model, cache, first: int, n: int, attention, stop_ids=(), done=
     return greedy_loop(step, first, n, stop_ids, done)
 
 
-class GraphGreedy:
+class GraphGreedy(_OwnsGraph):
     """Greedy decoding with one attention setting through one CUDA graph (llama_min.graph's
     GraphDecoder ending in the greedy device sampler, which picks greedy_token's token), captured
     once and replayed for every sample on the same cache.
@@ -265,16 +272,6 @@ class GraphGreedy:
         with g.stream:
             return int(self.sampler.out.get(stream=g.stream)[0])
 
-    def close(self):
-        if self.graph is not None:
-            self.graph.close()
-            self.graph = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def load_prefill(dst, src, n0: int):

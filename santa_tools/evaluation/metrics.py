@@ -103,3 +103,32 @@ def exact_attention(q, k_cache, v_cache, length: int, scale: float | None = None
     p /= p.sum(-1, keepdims=True)
     return np.einsum("bkgl,blkd->bkgd", p, v).reshape(B, H, D)
 
+
+
+def exact_lse(q, k_cache, length: int, scale: float | None = None) -> np.ndarray:
+    """Log-sum-exp [B, H] float64 of the exact scaled scores of the first ``length`` rows (the
+    shapes of exact_attention)."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k_cache[:, :length], np.float64)
+    B, H, D = q.shape
+    KVH = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = np.einsum("bkgd,blkd->bkgl", q.reshape(B, KVH, H // KVH, D), k) * scale
+    m = s.max(-1, keepdims=True)
+    return (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0].reshape(B, H)
+
+
+def seed_bias(outs, exact) -> tuple[float, float, float]:
+    """The bias of a random estimate over seeds, as tools/key_sampling_study.py measures it:
+    outs [S, ...] (one estimate per seed), exact [...] -> (relative bias ||E o_hat - o|| / ||o||
+    with the seed noise subtracted, bias^2 = max(0, ||mean - o||^2 - var / S), var the unbiased
+    spread over seeds (0 for one seed); bias^2; the mean squared error)."""
+    outs = np.asarray(outs, np.float64)
+    exact = np.asarray(exact, np.float64)
+    S = outs.shape[0]
+    axes = tuple(range(1, outs.ndim))
+    norm2 = float((exact ** 2).sum())
+    mse = float(((outs - exact) ** 2).sum(axis=axes).mean())
+    spread = float(((outs - outs.mean(axis=0)) ** 2).sum()) / max(S - 1, 1)
+    bias2 = max(float(((outs.mean(axis=0) - exact) ** 2).sum()) - (spread / S if S > 1 else 0.0), 0.0)
+    return (float(np.sqrt(bias2 / norm2)) if norm2 > 0 else 0.0), bias2, mse

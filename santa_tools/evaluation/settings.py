@@ -1,6 +1,7 @@
 """The attention settings under test (santa_cupy.AttentionSetting: dense, or SANTA's sampler / budget /
-samples) and the grid of them. A setting's name (``str``, ``.label``) is its row in the tables and
-its key in the result files: "dense", "systematic/global/S=256".
+samples, either optionally on key-sampled scores) and the grid of them. A setting's name (``str``,
+``.label``) is its row in the tables and its key in the result files: "dense",
+"systematic/global/S=256", "dense/keys=block:FB=16,f=0.875".
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ DENSE = AttentionSetting(method="dense")
 
 def run_setting(setting: AttentionSetting, seed: int, block_n=None) -> AttentionSetting:
     """The setting a run decodes with: the estimator everywhere (santa_min_length=0: no dense
-    fallback for short sequences), with the run's seed and tile size (dense: the tile size only)."""
+    fallback for short sequences), with the run's seed and tile size (dense: the tile size only;
+    dense on key-sampled scores: also the seed, which keys the key sampling)."""
     if setting.method == "dense":
-        return setting.replace(block_n=block_n)
+        return setting.replace(block_n=block_n, **({"seed": int(seed)} if setting.key_sampled else {}))
     return setting.replace(seed=int(seed), block_n=block_n, santa_min_length=0)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict
 
 import click
 
@@ -167,7 +166,7 @@ def eval_ruler(model, device, dtype, data, tasks, lengths, n_samples, skip, time
 
     def make_config(partial: bool) -> dict:
         return {"model": str(path), "device": dev, "kv_dtype": lm.kv_dtype, "settings": labels,
-                "setting_fields": {s.label: asdict(s) for s in settings}, "seeds": list(seeds),
+                "setting_fields": {s.label: s.as_dict() for s in settings}, "seeds": list(seeds),
                 "data": source, "samples_per_task": n_samples,
                 "max_new_tokens": max_new_tokens or "RULER's per task", "full_answers": full_answers,
                 "block_n": block_n, "decoder": "eager" if eager or dev == "cpu" else "graph",
