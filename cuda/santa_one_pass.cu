@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(SC_NTHREADS, 3)
 santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
                int tiles_per_warp, int samples, u64 seed, const i64* __restrict__ step, int layer,
-               const float* __restrict__ lse_hint, float* __restrict__ part_o, float4* __restrict__ part_s,
-               int P_max, int* __restrict__ rows_read, int* __restrict__ drawn,
+               int head_offset, const float* __restrict__ lse_hint, float* __restrict__ part_o,
+               float4* __restrict__ part_s, int P_max, int* __restrict__ rows_read, int* __restrict__ drawn,
                const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
@@ -96,7 +96,9 @@ santa_one_pass(const T* __restrict__ q, const T* __restrict__ k_cache, const T* 
         for (int e = 0; e < E; ++e) sums[h * D + lane * E + e] = 0.f;
 
     // lane h < G: head h's key and hint; every lane: the run's reference M and exp-sum per head
-    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
+    // head_offset: the global index of the plan's first query head (tensor parallelism; 0 otherwise)
+    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(head_offset + g * G + lane))
+                             : 0ull;
     const float hint = lane < G ? lse_hint[head0 + lane] : 0.f;
     const float log_s = __logf((float)samples);
     // lane h < G: head h's run reference M (the running max of its tiles), exp-sum Z relative to

@@ -9,7 +9,9 @@
 //            (m_t, l_t, sum c ||V||^2, ||sum c V||^2); rows_read[b,g] += distinct rows read
 //   1 sample only: write counts[b, h, j] for the tile's rows
 //   2 gather only: read counts[b, h, j] instead of sampling, then as mode 0
-// Tiles past n_b exit at once. The RNG key of a head is head_key(seed, *step, layer, b, h).
+// Tiles past n_b exit at once. The RNG key of a head is head_key(seed, *step, layer, b, head_offset + h):
+// head_offset is the global index of the plan's first query head (0, or a tensor-parallel rank's
+// first head, so that a rank draws what the whole model's head draws).
 //
 // Shared memory (santa_cupy/kernels.py:tile_smem_bytes):
 //   cum [G][BN] f32 | cnt [G][BN] i32 | acc [RG][G][D] f32 | m2p [RG][G] f32 | rows [BN] i32 |
@@ -36,7 +38,7 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
            const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
            int budget, int sampler, int samples, int mode, int own_scores, u64 seed, const i64* __restrict__ step,
-           int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+           int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
            const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
            int* __restrict__ counts, int* __restrict__ rows_read,
            const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
@@ -88,7 +90,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
     } else {
         if (threadIdx.x < G) {
             const int h = threadIdx.x;
-            const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + h));
+            const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(head_offset + g * G + h));
             setup_head_draw(&draws[h], budget, sampler, samples, key, t, n_tiles, l[h],
                             cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
         }
@@ -406,7 +408,7 @@ template <typename T, int D, int BN, int G, int kGather, bool kFinish>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, const float* __restrict__ scores, const double* __restrict__ cdf,
+                int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
@@ -440,7 +442,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
-    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(g * G + lane)) : 0ull;
+    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(head_offset + g * G + lane))
+                             : 0ull;
     extern __shared__ __align__(16) unsigned char smem[];
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
     int* rows = cnt + G * BN;                                          // [BN]

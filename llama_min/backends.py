@@ -38,6 +38,16 @@ class Backend:
         """into [N, M] float32 += x [N, K] @ w [M, K].T (the residual add); returns into."""
         raise NotImplementedError
 
+    def embed(self, w, tokens):
+        """tokens [B] int32 -> the residual stream's start, rows of the embedding w [V, d] as a new
+        [B, d] float32 array (a tensor-parallel backend looks up its vocabulary slice and sums)."""
+        return w[tokens].astype(np.float32)
+
+    def logits(self, h, w):
+        """The lm-head: h [B, d] (matmul dtype) @ w [V, d].T -> logits [B, V] float32 (a
+        tensor-parallel backend gathers its ranks' vocabulary slices)."""
+        return self.linear(h, w, out_dtype=np.float32)
+
     def rms_norm(self, x, w):
         """x [B, d] float32, w [d] float32 -> RMSNorm(x) * w as [B, d] of the matmul dtype."""
         raise NotImplementedError

@@ -91,6 +91,9 @@ class LlamaModel:
         self._kv_storage = np.dtype(np.uint16 if kv_dtype == "bfloat16" else kv_dtype)
         self.H, self.KVH, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.G = self.H // self.KVH
+        # the global index of this model's first query head in SANTA's RNG keys: 0, or a
+        # tensor-parallel rank's first head (llama_min.tensor_parallel), so its samples are the whole model's
+        self.head_offset = 0
         self.scale = 1.0 / np.sqrt(self.D)
         ang = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * rope_inv_freq(cfg)
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))   # [P, D/2]
@@ -198,16 +201,27 @@ class LlamaModel:
     def _out_mlp(self, lw, x, o):
         """Residual update: x [N,d] f32, attention output o [N, H*D] -> x after o_proj and MLP."""
         xp, mm = self.xp, self.mm_dtype
-        x = x + self._linear(o.astype(mm), lw["wo"]).astype(np.float32, copy=False)
+        x = x + self._row_linear(o.astype(mm), lw["wo"])
         h = self._rmsnorm(x, lw["mlp_norm"]).astype(mm)
         gu = self._linear(h, lw["w_gu"]).astype(np.float32, copy=False)       # [N, 2I]
         I = gu.shape[1] // 2
         g = gu[:, :I]
         a = g * (0.5 * (1.0 + xp.tanh(0.5 * g))) * gu[:, I:]           # silu(gate) * up
-        return x + self._linear(a.astype(mm), lw["w_down"]).astype(np.float32, copy=False)
+        return x + self._row_linear(a.astype(mm), lw["w_down"])
+
+    def _row_linear(self, x, w):
+        """The prefill's O and down products as float32 [N, d] (what a tensor-parallel rank sums
+        over its ranks: llama_min.tensor_parallel)."""
+        return self._linear(x, w).astype(np.float32, copy=False)
+
+    def _embed(self, ids):                          # ids [N] -> [N, d] f32 (a tensor-parallel rank: summed)
+        return self.w["embed"][ids].astype(np.float32)
 
     def _head(self, x):                             # x [N, d] f32 -> logits [N, V] f32
         h = self._rmsnorm(x, self.w["norm"]).astype(self.mm_dtype)
+        return self._lm_head(h)
+
+    def _lm_head(self, h):                          # h [N, d] mm -> [N, V] f32 (a tensor-parallel rank: gathered)
         return self._linear(h, self.w["lm_head"]).astype(np.float32, copy=False)
 
     def _linear(self, x, w, out_dtype=None):
@@ -223,7 +237,7 @@ class LlamaModel:
         B, T = ids.shape
         H, KVH, G, D = self.H, self.KVH, self.G, self.D
         L = start + T
-        x = self.w["embed"][ids.reshape(-1)].astype(np.float32)           # [B*T, d]
+        x = self._embed(ids.reshape(-1))                                    # [B*T, d] f32
         cos = xp.tile(self.cos[start:L], (B, 1))[:, None, :]               # [B*T, 1, D/2]
         sin = xp.tile(self.sin[start:L], (B, 1))[:, None, :]
         qpos = xp.arange(start, L)[:, None]
@@ -355,7 +369,8 @@ class LlamaModel:
         paged = dict(page_size=cache.page_size, page_layout="NHD") if cache.paged else {}
         return santa_cupy.DecodePlan(
             batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D, max_length=cache.max_len,
-            dtype=self.kv_dtype, setting=att, scale=float(self.scale), step=cache.step, **paged)
+            dtype=self.kv_dtype, setting=att, scale=float(self.scale), step=cache.step,
+            head_offset=self.head_offset, **paged)
 
     def _santa_decode_np(self, att: AttentionSetting, cache: KVCache):
         """-> attn(...) of SANTA at decode step cache.step through santa_cupy.cpu_attention (float32),
@@ -368,7 +383,7 @@ class LlamaModel:
             def attn_one_pass(li, q, kc, vc, lens):
                 o, info = one_pass.one_pass_attention(
                     q, kc, vc, lens, samples=att.samples, lse_hint=cache.lse_hints.get(li), seed=att.seed,
-                    step=step, layer=li, scale=float(self.scale), block_n=block_n)
+                    step=step, layer=li, scale=float(self.scale), block_n=block_n, head_offset=self.head_offset)
                 cache.lse_hints[li] = info.lse
                 cache.rows_taken += int(info.selected.sum())
                 return self._to_kv(o.astype(np.float32))
@@ -377,7 +392,8 @@ class LlamaModel:
         def attn(li, q, kc, vc, lens):
             o = cpu_attention.santa_attention(
                 q, kc, vc, lens, samples=att.samples, sampler=att.sampler, budget=att.budget,
-                seed=att.seed, step=step, layer=li, scale=float(self.scale), block_n=block_n)
+                seed=att.seed, step=step, layer=li, scale=float(self.scale), block_n=block_n,
+                head_offset=self.head_offset)
             return self._to_kv(o)
         return attn
 
@@ -425,7 +441,7 @@ class LlamaModel:
         pos = cache.lengths                                   # [B] int32: the new token's row
         lens = pos + 1
         n = cache.length + 1                                  # rows attended (all sequences alike)
-        x = self.w["embed"][tokens].astype(np.float32)       # [B, d] f32 residual stream (a copy)
+        x = be.embed(self.w["embed"], tokens)                 # [B, d] f32 residual stream (a copy)
         rows = be.token_rows(cache, pos)                      # where the new token's K/V go
         for li, lw in enumerate(self.w["layers"]):
             q = be.qkv_rope_append(be.rms_norm(x, lw["attn_norm"]), lw["wqkv"], cache, li, pos, rows)
@@ -433,7 +449,7 @@ class LlamaModel:
             o = attn(li, q, kc, vc, lens)                     # [B, H, D] KV dtype
             be.linear_add(be.attention_out(o), lw["wo"], x)
             be.linear_add(be.glu(be.rms_norm(x, lw["mlp_norm"]), lw["w_gu"]), lw["w_down"], x)
-        return be.linear(be.rms_norm(x, self.w["norm"]), self.w["lm_head"], out_dtype=np.float32)
+        return be.logits(be.rms_norm(x, self.w["norm"]), self.w["lm_head"])
 
 
 _KEY_SAMPLING_CPU_ONLY = ("key sampling (AttentionSetting.key_sampling) runs on the NumPy reference only so far: "

@@ -119,8 +119,8 @@ class _PlanLaunches:
         self._launch(self._warp_kernels[self.finish_in_kernel], (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
-                        u64(self.seed), self.step, i32(layer), self.scores, self.cdf, self.alloc,
-                        self.part_s, self.part_o, self.acc, self.arrive,
+                        u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,
+                        self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from), *pages), self._warp_smem)
 
@@ -132,7 +132,8 @@ class _PlanLaunches:
         self._launch(self.kernels.one_pass, (self._warp_blocks(self.one_tpw), self.KVH, self.B),
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max),
                         i32(self.T_max), i32(self.one_tpw), i32(self.samples), u64(self.seed), self.step, i32(layer),
-                        hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read, self.drawn, *pages),
+                        i32(self.head_offset), hint, self.part_o, self.part_s, i32(self.P_max), self.rows_read,
+                        self.drawn, *pages),
                        self._one_pass_smem)
 
     def _tile(self, q, k_cache, v_cache, lengths, layer, mode, counts, pages):
@@ -142,7 +143,8 @@ class _PlanLaunches:
                        (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH),
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
                         i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
-                        i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer), self.scores,
+                        i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer),
+                        i32(self.head_offset), self.scores,
                         self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read, *pages),
                        kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 

@@ -26,7 +26,7 @@ KEY_SAMPLING_CPU_ONLY = ("key sampling runs on the NumPy reference only so far (
 @interop.accepts_stream
 def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, layer=0, scale=None, return_info=False,
                      return_counts=False, out=None, lse_hint=None, block_table=None, page_layout="NHD",
-                     **setting_fields):
+                     head_offset=0, **setting_fields):
     """One decode step of attention for every sequence and head.
 
     Parameters
@@ -66,6 +66,10 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
         page_size]. Pages may be shared, shuffled and partly filled; the outputs equal the
         contiguous call's on the gathered cache (L_max = max_pages * page_size). A bad table (a
         page id out of range, too few pages for a length) is a ValueError naming its first bad entry.
+    head_offset : int
+        The global index of q's first head: the head index of the RNG key of head 0 (tensor
+        parallelism: a rank holding heads h0 .. h0 + H - 1 of a model passes h0 and draws the
+        samples the whole model's heads draw); 0 otherwise.
 
     Returns
     -------
@@ -120,6 +124,7 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
                                             sampler=sampler, budget=budget, scale=scale, block_n=block_n)
     _check_int("step", step, 0, 2**63 - 1)
     _check_int("layer", layer, 0, 2**31 - 1)          # the kernels take it as a C int
+    _check_int("head_offset", head_offset, 0, 2**31 - 1 - shape.H)
     one_pass = setting.one_pass
     if one_pass:
         if lse_hint is None:
@@ -145,21 +150,22 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
                                                  return_info)
         elif one_pass:
             result = _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer,
-                                              block_n, return_info)
+                                              block_n, return_info, head_offset)
         else:
             result = _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget,
-                                     seed, step, layer, block_n, return_info)
+                                     seed, step, layer, block_n, return_info, head_offset)
         return result if out is None else _into_numpy_out(result, out, return_info)
     import cupy
     table = None if pages is None else cupy.ascontiguousarray(block_table, dtype=cupy.int32)
     hint = cupy.ascontiguousarray(hint, dtype=cupy.float32) if one_pass else None
     key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, shape.B, shape.H, shape.KVH, shape.D,
-           shape.L_max, shape.dtype_name, shape.scale, setting, None if pages is None else pages[1], page_layout)
+           shape.L_max, shape.dtype_name, shape.scale, setting, None if pages is None else pages[1], page_layout,
+           head_offset)
     with _plans.lock:                     # one caller at a time on a cached plan's workspaces
         plan = _plans.get(key, lambda: DecodePlan(
             batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D, max_length=shape.L_max,
             dtype=shape.dtype_name, setting=setting, scale=shape.scale, step=step,
-            page_size=None if pages is None else pages[1], page_layout=page_layout))
+            page_size=None if pages is None else pages[1], page_layout=page_layout, head_offset=head_offset))
         plan.step.fill(step)              # the plan's device step counter (a cached plan's is the last call's)
         o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False, lse_hint=hint,
                      block_table=table)
@@ -269,7 +275,7 @@ def _all_of_k(shape):
 
 
 def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sampler, budget, seed, step,
-                    layer, block_n, return_info):
+                    layer, block_n, return_info, head_offset=0):
     out_dtype = shape.dtype_name
     if method == "dense":
         o, lse = reference.dense_attention(q, k_cache, v_cache, lengths, shape.scale)
@@ -280,7 +286,7 @@ def _reference_call(q, k_cache, v_cache, lengths, shape, method, samples, sample
     else:
         o, lse, rows_read, spread, counts = reference.santa_attention(
             q, k_cache, v_cache, lengths, samples=samples, sampler=sampler, budget=budget, seed=seed,
-            step=step, layer=layer, scale=shape.scale, block_n=block_n)
+            step=step, layer=layer, scale=shape.scale, block_n=block_n, head_offset=head_offset)
         info = AttentionInfo(lse=lse.astype(np.float32), rows_read=rows_read,
                              spread=spread.astype(np.float32), counts=counts, dense_fallback=np.zeros(shape.B, bool),
                              key_fraction=_all_of_k(shape))
@@ -314,12 +320,12 @@ def _key_sampled_reference_call(q, k_cache, v_cache, lengths, shape, setting, st
 
 
 def _one_pass_reference_call(q, k_cache, v_cache, lengths, shape, samples, hint, seed, step, layer, block_n,
-                             return_info):
+                             return_info, head_offset=0):
     from santa_cupy import one_pass
 
     o, op = one_pass.one_pass_attention(q, k_cache, v_cache, lengths, samples=samples,
                                         lse_hint=np.asarray(hint, np.float64), seed=seed, step=step, layer=layer,
-                                        scale=shape.scale, block_n=block_n)
+                                        scale=shape.scale, block_n=block_n, head_offset=head_offset)
     out_dtype = shape.dtype_name
     o = o if out_dtype == "float64" else spec.from_float32(o.astype(np.float32), out_dtype, np)
     if not return_info:

@@ -114,12 +114,14 @@ def _estimate(counts, coef, v, G, block_n, n):
 
 
 def santa_attention(q, k_cache, v_cache, lengths, *, samples=256, sampler="systematic", budget="global",
-                    seed=0, step=0, layer=0, scale=None, block_n=spec.DEFAULT_BLOCK_N, return_counts=False):
+                    seed=0, step=0, layer=0, scale=None, block_n=spec.DEFAULT_BLOCK_N, return_counts=False,
+                    head_offset=0):
     """SANTA decode attention in float32 on NumPy arrays.
 
     q [B, H, D], k_cache/v_cache [B, L_max, KVH, D] (float32, float16 or bfloat16 as uint16),
     lengths [B] ints in 1..L_max. Returns o [B, H, D] float32, or (o, counts [B, H, L_max] int32)
-    with ``return_counts``. Inputs are trusted (the decoder's own arrays); public callers go through
+    with ``return_counts``. head_offset: the global index of q's first head (the h of rng.head_key
+    for head 0; tensor parallelism, see reference.santa_attention). Inputs are trusted (the decoder's own arrays); public callers go through
     santa_cupy.decode_attention, which validates."""
     B, H, D = q.shape
     L_max, KVH = k_cache.shape[1], k_cache.shape[2]
@@ -130,7 +132,7 @@ def santa_attention(q, k_cache, v_cache, lengths, *, samples=256, sampler="syste
     for b in range(B):
         n = int(lengths[b])
         s = head_scores(qf[b], as_float32(k_cache[b, :n]), scale)       # [H, n]
-        keys = rng.head_key(seed, step, layer, b, np.arange(H))
+        keys = rng.head_key(seed, step, layer, b, head_offset + np.arange(H))
         c, coef = counts_from_stats(tile_stats(s, n, block_n), keys, samples=samples, sampler=sampler,
                                     budget=budget)
         o[b] = _estimate(c, coef, v_cache[b, :n], H // KVH, block_n, n)

@@ -75,7 +75,7 @@ def madow_select(pi, uniforms, block_n):
 
 
 def one_pass_attention(q, k_cache, v_cache, lengths, *, samples=256, lse_hint=None, seed=0, step=0, layer=0,
-                       scale=None, block_n=spec.DEFAULT_BLOCK_N):
+                       scale=None, block_n=spec.DEFAULT_BLOCK_N, head_offset=0):
     """The one-pass estimate o [B, H, D] float64 and OnePassInfo.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (float16, bfloat16 as uint16, float32 or
@@ -98,7 +98,7 @@ def one_pass_attention(q, k_cache, v_cache, lengths, *, samples=256, lse_hint=No
             raise ValueError(f"lse_hint must be a finite [B, H] = {(B, H)} array, got {r.shape}")
     pi = inclusion_probabilities(s, r, samples)                              # [B, H, L_max]
     T = -(-L_max // block_n)
-    keys = rng.head_key(seed, step, layer, np.arange(B)[:, None], np.arange(H)[None, :])   # [B, H]
+    keys = rng.head_key(seed, step, layer, np.arange(B)[:, None], head_offset + np.arange(H)[None, :])   # [B, H]
     u = rng.uniform(keys[..., None], np.arange(T)[None, None, :], ONE_PASS_DRAW)           # [B, H, T]
     selected = madow_select(pi.reshape(B * H, L_max), u.reshape(B * H, T), block_n).reshape(B, H, L_max)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

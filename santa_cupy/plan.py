@@ -69,6 +69,9 @@ class DecodePlan(_PlanLaunches):
     page_size : int or None
         None: contiguous caches. An int in 1..``paged.MAX_PAGE_SIZE``: ``run`` takes page pools
         and a block table (santa_cupy/paged.py), pages of ``page_layout`` "NHD" | "HND".
+    head_offset : int
+        The global index of the plan's first query head in the RNG keys (a tensor-parallel rank's
+        first head; 0 otherwise), see ``decode_attention``.
     **setting_fields
         method, samples, sampler, budget, seed, block_n, santa_min_length: change those fields of
         ``setting`` (``DecodePlan(..., samples=64)``).
@@ -85,8 +88,13 @@ class DecodePlan(_PlanLaunches):
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", setting=None, scale=None,
-                 step=0, page_size=None, page_layout="NHD", _kernels=None, _dense_rows=None, **setting_fields):
+                 step=0, page_size=None, page_layout="NHD", head_offset=0, _kernels=None, _dense_rows=None,
+                 **setting_fields):
         cupy = _import_cupy()
+        if isinstance(head_offset, bool) or not isinstance(head_offset, (int, np.integer)) \
+                or not 0 <= head_offset <= 2**31 - 1 - heads:                      # the kernels' C int
+            raise ValueError(f"head_offset must be an integer in [0, 2**31 - 1 - heads], got {head_offset!r}")
+        self.head_offset = int(head_offset)
 
         setting = AttentionSetting.from_fields(setting, **setting_fields)
         if setting.key_sampled:

@@ -321,15 +321,19 @@ def sample_counts(
     layer=0,
     scale=None,
     block_n=spec.DEFAULT_BLOCK_N,
+    head_offset=0,
 ):
-    """Sample counts [B, H, L_max] int32 (0 past lengths[b]) for explicit (seed, step, layer)."""
+    """Sample counts [B, H, L_max] int32 (0 past lengths[b]) for explicit (seed, step, layer).
+
+    head_offset: the global index of q's first head (tensor parallelism: a rank holding query heads
+    h0 .. h0 + H - 1 of a model keys head h by h0 + h, so its counts equal those of the whole model)."""
     B, H, _ = q.shape
     L_max = k_cache.shape[1]
     scores = head_scores(q, k_cache, lengths, scale)  # [B, H, L_max]
     counts = np.zeros((B, H, L_max), dtype=np.int32)
     for b in range(B):
         n = int(lengths[b])
-        keys = rng.head_key(seed, step, layer, b, np.arange(H))
+        keys = rng.head_key(seed, step, layer, b, head_offset + np.arange(H))
         counts[b, :, :n] = counts_from_scores(
             scores[b], keys, n, samples=samples, sampler=sampler, budget=budget, block_n=block_n
         )
@@ -425,11 +429,15 @@ def santa_attention(
     layer=0,
     scale=None,
     block_n=spec.DEFAULT_BLOCK_N,
+    head_offset=0,
 ):
     """SANTA decode attention (reference), in float64.
 
     q [B, H, D]; k_cache, v_cache [B, L_max, KVH, D] (float16, bfloat16 as uint16, float32 or
     float64); lengths [B] (1..L_max); the estimator's fields as santa_cupy.AttentionSetting's.
+    head_offset: the global index of q's first head, the h of rng.head_key for head 0 (tensor
+    parallelism: a rank's heads h0 .. h0 + H - 1 draw what the whole model's heads draw).
+
     Returns o [B, H, D] float64, lse [B, H] float64, rows_read [B, KVH] int32 (distinct V rows
     sampled by any head of the GQA group), spread [B, H] float64, counts [B, H, L_max] int32.
     """
@@ -446,7 +454,7 @@ def santa_attention(
     for b in range(B):
         n = int(lengths[b])
         s = scores[b, :, :n]  # [H, n]
-        keys = rng.head_key(seed, step, layer, b, np.arange(H))
+        keys = rng.head_key(seed, step, layer, b, head_offset + np.arange(H))
         c = counts_from_scores(s, keys, n, samples=samples, sampler=sampler, budget=budget, block_n=block_n)
         counts[b, :, :n] = c
         vb = v[b, :n].transpose(1, 0, 2)[:, None]  # [KVH, 1, n, D]
