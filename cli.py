@@ -1,6 +1,6 @@
-"""``python3 cli.py ...`` in a checkout: the ``santa-cupy`` command (santa_tools/cli.py). Not installed."""
+"""``python3 cli.py ...`` in a checkout: the ``santa-cupy`` command (santa_cupy/cli/main.py). Not installed."""
 
-from santa_tools.cli import main
+from santa_cupy.cli.main import main
 
 if __name__ == "__main__":
     main()

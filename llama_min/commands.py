@@ -1,4 +1,4 @@
-"""``santa-cupy generate`` (and the ``models`` group re-exported for santa_tools/cli.py).
+"""``santa-cupy generate`` (and the ``models`` group re-exported for santa_cupy/cli/main.py).
 
 Text mode streams the generated text to stdout; JSON mode prints exactly one JSON object to
 stdout. Progress and timings go to stderr.
@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from llama_min.models_cli import models  # noqa: F401  (santa_tools/cli.py imports it from here)
+from llama_min.models_cli import models  # noqa: F401  (santa_cupy/cli/main.py imports it from here)
 from santa_cupy.paged import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from santa_cupy.spec import BUDGETS, MAX_SAMPLES, SAMPLERS
 

@@ -3,7 +3,7 @@
 A plan derives its kernels from the shape, the attention setting and the device
 (``resolve``); ``KernelChoice`` holds what may be forced instead — the kernel of each stage, the
 runs of tiles per warp, the dense split count — and the thresholds of the automatic choice. The
-defaults are what the plan does on its own; bench (santa_tools/bench: the method suffixes
+defaults are what the plan does on its own; bench (santa_cupy/cli/bench: the method suffixes
 -stream, -mma, -block, -tpw1, -warp, -warpmma, -p<N>) and the tests pass a KernelChoice through
 ``DecodePlan(..., _kernels=KernelChoice(...))``, so no module constant is patched from outside.
 None of this changes the estimator: every choice gives the same distribution of outputs.

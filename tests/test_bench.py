@@ -1,4 +1,4 @@
-"""CPU tests of santa_tools.bench's pure parts: argument parsing, grid expansion, byte accounting, derived
+"""CPU tests of santa_cupy.cli.bench's pure parts: argument parsing, grid expansion, byte accounting, derived
 numbers, table/JSON formatting and argument errors. The GPU paths are exercised on the H200 only."""
 
 import json
@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from santa_tools import bench  # noqa: E402
+from santa_cupy.cli import bench  # noqa: E402
 from santa_cupy import AttentionSetting  # noqa: E402
 from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
-from santa_tools.bench.methods import Method, SHAPES  # noqa: E402
+from santa_cupy.cli.bench.methods import Method, SHAPES  # noqa: E402
 
 LLAMA = SHAPES["llama8b"]
 
@@ -313,7 +313,7 @@ def test_cli_without_gpu_says_so():
 
 
 def test_cli_registers_bench():
-    from santa_tools import cli
+    from santa_cupy.cli import main as cli
     assert "bench" in cli.main.commands
     assert set(cli.main.commands["bench"].commands) == {"kernels", "e2e", "stages", "products"}
 

@@ -2,7 +2,7 @@
 
 from click.testing import CliRunner
 
-from santa_tools import cli
+from santa_cupy.cli import main as cli
 
 
 def test_group_lists_every_command():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from santa_tools import cli
+from santa_cupy.cli import main as cli
 from test_cli_generate import _write_tokenizer
 from test_model import make_tiny
 
@@ -396,13 +396,13 @@ def test_ctrl_c_at_each_phase_exits_130_with_one_line(command, phase, tiny_model
 
 
 @pytest.mark.parametrize("args,target", [
-    (["bench", "kernels", "--quick"], "santa_tools.bench.kernels._cupy"),
-    (["bench", "e2e"], "santa_tools.bench.e2e._cupy"),
-    (["bench", "stages"], "santa_tools.bench.kernels._cupy"),
-    (["bench", "products"], "santa_tools.bench.products._cupy"),
+    (["bench", "kernels", "--quick"], "santa_cupy.cli.bench.kernels._cupy"),
+    (["bench", "e2e"], "santa_cupy.cli.bench.e2e._cupy"),
+    (["bench", "stages"], "santa_cupy.cli.bench.kernels._cupy"),
+    (["bench", "products"], "santa_cupy.cli.bench.products._cupy"),
     (["models", "pull"], "llama_min.models.pull_default"), (["models", "list"], "llama_min.models.list_models"),
     (["models", "convert-gguf", __file__, "out"], "llama_min.gguf_convert.convert_gguf"),
-    (["eval", "merge", "run.json"], "santa_tools.evaluation.commands.merge_results"),
+    (["eval", "merge", "run.json"], "santa_cupy.cli.evaluation.commands.merge_results"),
 ])
 def test_ctrl_c_in_bench_and_models(args, target, monkeypatch, tmp_path):
     monkeypatch.setattr(target, _interrupt)
@@ -421,7 +421,7 @@ def test_a_real_sigint_while_decoding_exits_130(tiny_model):
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    return real(self, *a, **k)\n"
         "LlamaModel.decode = decode\n"
-        "from santa_tools import cli\n"
+        "from santa_cupy.cli import main as cli\n"
         "sys.argv = ['santa-cupy'] + sys.argv[1:]\n"
         "cli.main()\n"
     )

@@ -143,7 +143,7 @@ def test_bad_config_is_a_clear_error(ckpt):
 
 
 def test_registered_in_main_cli():
-    from santa_tools.cli import main
+    from santa_cupy.cli.main import main
     assert "generate" in main.commands and "models" in main.commands
 
 

@@ -1,4 +1,4 @@
-"""santa_tools.evaluation: metrics against hand-computed values; the pipelines on the tiny random Llama."""
+"""santa_cupy.cli.evaluation: metrics against hand-computed values; the pipelines on the tiny random Llama."""
 
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from santa_tools import evaluation as ev
+from santa_cupy.cli import evaluation as ev
 from llama_min.generate import generate
 from llama_min.model import LlamaModel
 from test_model import make_tiny
@@ -261,7 +261,7 @@ def test_retrieval_trials_structure(tiny):
 
 
 def test_cli_registers_eval_with_subcommands():
-    from santa_tools import cli
+    from santa_cupy.cli import main as cli
     r = CliRunner().invoke(cli.main, ["eval", "--help"])
     assert r.exit_code == 0, r.output
     for sub in ("kernel", "model", "retrieval", "all", "merge"):

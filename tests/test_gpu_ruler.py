@@ -5,9 +5,9 @@ reset between samples; the one-pass budget as a per-layer hook, in the graph as 
 import numpy as np
 import pytest
 
-from santa_tools.evaluation import decoding
-from santa_tools.evaluation import ruler as er
-from santa_tools.evaluation.settings import DENSE, run_setting
+from santa_cupy.cli.evaluation import decoding
+from santa_cupy.cli.evaluation import ruler as er
+from santa_cupy.cli.evaluation.settings import DENSE, run_setting
 from tests.gpu_util import requires_gpu
 from tests.test_ruler import CharTok
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import santa_cupy
 from santa_cupy import AttentionSetting, decode_attention, reference
 from santa_cupy import key_sampling as ks
-from santa_tools import evaluation as ev
+from santa_cupy.cli import evaluation as ev
 from tests import test_plan_host
 from test_model import make_tiny
 
@@ -308,7 +308,7 @@ def test_cli_eval_model_with_keys(tmp_path, monkeypatch):
                                           "dense/keys=bernoulli:R=1"]
     assert set(data["model"]["results"]) == {"dense"} | set(data["config"]["settings"])
     assert data["config"]["grid"] is False and data["config"]["samples"] == []
-    from santa_tools.plotting import pyplot
+    from santa_cupy.cli.plotting import pyplot
     assert plot.exists() == (pyplot() is not None)
     r = CliRunner().invoke(ev.eval_command, ["kernel", "--model", str(path), "--device", "gpu", "--keys",
                                              "block:FB=16,f=0.5", "--no-grid"])

@@ -84,7 +84,7 @@ def test_local_wheel_is_not_downloading_and_cached_says_so(home, monkeypatch, tm
 
 
 def test_ctrl_c_exits_130_with_one_line(monkeypatch):
-    from santa_tools import cli
+    from santa_cupy.cli import main as cli
 
     def interrupted(**kw):
         raise KeyboardInterrupt

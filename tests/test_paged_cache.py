@@ -252,7 +252,7 @@ def test_cli_generate_bad_kv_cache_options(ckpt, args, match):
 @pytest.mark.parametrize("args,match", [(["--kv-cache", "paged", "--page-size", "300"], "1<=x<=256"),
                                         (["--page-size", "16"], "--page-size needs --kv-cache paged")])
 def test_bench_e2e_bad_kv_cache_options(args, match):
-    from santa_tools import bench
+    from santa_cupy.cli import bench
     res = CliRunner().invoke(bench.bench, ["e2e", *args])
     assert res.exit_code == 2 and match in res.output, res.output
 
@@ -260,7 +260,7 @@ def test_bench_e2e_bad_kv_cache_options(args, match):
 def test_bench_e2e_paged_cache_is_shuffled_and_filled(tiny):
     """bench e2e --kv-cache paged's cache (on NumPy here): every page of the pool random, the
     context's pages reserved in shuffled order; contiguous stays as it was."""
-    from santa_tools import bench
+    from santa_cupy.cli import bench
     model, _ = tiny
 
     class FakeCupy:                           # NumPy, with CuPy's random.standard_normal(n, dtype=)
@@ -443,7 +443,7 @@ def test_gpu_bench_e2e_on_a_paged_cache(tmp_path):
     """bench e2e --kv-cache paged: the tiny checkpoint's decode step on a shuffled page pool through
     GraphDecoder, both methods; the JSON says which cache it timed."""
     _cupy()
-    from santa_tools import bench
+    from santa_cupy.cli import bench
     path, _, _ = make_tiny(tmp_path, H=4, KVH=2, max_pos=512)
     out = tmp_path / "e2e.json"
     res = CliRunner().invoke(bench.bench, ["e2e", "--model", str(path), "--context", "300", "--steps", "3",

@@ -1,4 +1,4 @@
-"""santa_tools.evaluation.ruler: RULER's metrics on hand-made cases, the jsonl reader, the report's statistics,
+"""santa_cupy.cli.evaluation.ruler: RULER's metrics on hand-made cases, the jsonl reader, the report's statistics,
 the CLI on a tiny random model (no RULER package, no network), and (when the package is installed)
 its generator on a byte-level tokenizer."""
 
@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from santa_cupy import AttentionSetting
-from santa_tools import evaluation as ev
-from santa_tools.evaluation import ruler as er
+from santa_cupy.cli import evaluation as ev
+from santa_cupy.cli.evaluation import ruler as er
 from test_model import make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,17 +251,17 @@ class CharTok:
 
 
 def test_cli_registers_ruler():
-    from santa_tools import cli
+    from santa_cupy.cli import main as cli
     r = CliRunner().invoke(cli.main, ["eval", "--help"])
     assert r.exit_code == 0 and "ruler" in r.output
     r = CliRunner().invoke(cli.main, ["eval", "ruler", "--help"])
     assert r.exit_code == 0 and "--data" in r.output and "--settings" in r.output
 
 
-@pytest.mark.parametrize("order", ["santa_tools.evaluation.ruler, santa_tools.evaluation",
-                                   "santa_tools.evaluation, santa_tools.evaluation.ruler"])
+@pytest.mark.parametrize("order", ["santa_cupy.cli.evaluation.ruler, santa_cupy.cli.evaluation",
+                                   "santa_cupy.cli.evaluation, santa_cupy.cli.evaluation.ruler"])
 def test_either_import_order_registers_ruler(order):
-    code = f"import {order}; import santa_tools.evaluation as ev; assert 'ruler' in ev.eval_command.commands"
+    code = f"import {order}; import santa_cupy.cli.evaluation as ev; assert 'ruler' in ev.eval_command.commands"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

@@ -302,7 +302,7 @@ def test_decoder_input_errors():
 
 
 def test_bench_70b_shape_and_tp_byte_floor():
-    from santa_tools.bench import e2e
+    from santa_cupy.cli.bench import e2e
 
     m = e2e.LLAMA70B_MODEL
     assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab) == (
@@ -327,7 +327,7 @@ def test_bench_tp_needs_enough_gpus():
     import click
     from types import SimpleNamespace
 
-    from santa_tools.bench import e2e
+    from santa_cupy.cli.bench import e2e
 
     cp = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 2)))
     assert e2e.check_gpus(cp, 2) == 2
@@ -346,7 +346,7 @@ def test_bench_tp_needs_enough_gpus():
 def test_bench_tp_argument_errors(args, msg):
     from click.testing import CliRunner
 
-    from santa_tools import bench
+    from santa_cupy.cli import bench
 
     result = CliRunner().invoke(bench.bench, ["e2e"] + args)
     assert result.exit_code == 2, result.output
@@ -354,7 +354,7 @@ def test_bench_tp_argument_errors(args, msg):
 
 
 def test_bench_tp_memory_per_gpu():
-    from santa_tools.bench import e2e
+    from santa_cupy.cli.bench import e2e
 
     m = e2e.LLAMA70B_MODEL
     assert 85e9 < e2e.tp_memory(m, 1, 131072 + 40, 2) < 100e9

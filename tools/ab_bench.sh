@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call for an A/B of kernel trees: bench kernels for this checkout and for every tree
-# carried in .ab_*/ (each: `git archive <rev> bench.py cuda llama_min santa_cupy santa_tools tools |
+# carried in .ab_*/ (each: `git archive <rev> bench.py cuda llama_min santa_cupy tools |
 # tar -x -C .ab_<name>`, git-ignored; name them in the device call's `carry`), one after another in
-# the same call, so their numbers compare. Rows are printed prefixed by the tree's name.
+# the same call, so their numbers compare. Rows are printed prefixed by the tree's name. A revision
+# from before issue #19 kept the CLI in a top-level package of its own: add that folder to its
+# archive; the method check below finds the bench package through the tree's own bench.py.
 #   METHODS=... EXTRA_METHODS=... BATCHES=1,16 CONTEXTS=32k bash tools/ab_bench.sh
 # EXTRA_METHODS go to the trees whose bench knows them (e.g. santa-...-warpmma on a branch that adds
 # it); a tree that rejects them runs METHODS alone.
@@ -17,7 +19,9 @@ for tree in . .ab_*; do
   [ -f "$tree/bench.py" ] || continue
   name=$( [ "$tree" = . ] && echo HEAD || echo "${tree#.ab_}" )
   if [ -n "${EXTRA_METHODS:-}" ] && (cd "$tree" && PYTHONPATH=. python3 -c "
-import sys; from santa_tools.bench.methods import parse_method
+import importlib, sys
+import bench as entry   # the tree's bench.py: its bench package is santa_cupy.cli.bench, or the old path
+parse_method = importlib.import_module(entry.bench.callback.__module__ + '.methods').parse_method
 [parse_method(m) for m in sys.argv[1].split(',')]" "$EXTRA_METHODS") 2>/dev/null; then
     run "$tree" "$name" "$M,$EXTRA_METHODS"
   else

@@ -3,7 +3,7 @@
     python3 tools/dense_probe.py [--case 1,32k --case 16,32k ...] [--no-torch]
 
 For each case (llama8b shapes, bf16, rotating copies >= 3x L2 as in `bench kernels`), in µs:
-  * the streaming read (santa_tools.bench.timing's stream_read) of exactly the K+V bytes, by launch shape: the
+  * the streaming read (santa_cupy.cli.bench.timing's stream_read) of exactly the K+V bytes, by launch shape: the
     floor of a read that size (ramp and tail included), not the 2 GiB rotating-buffer ceiling;
   * our dense call, plain and with programmatic launch, and its stages alone (split-KV, merge);
   * the merge in the kernel's last block against santa_merge after it (the plan's
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from santa_tools import bench  # noqa: E402
+from santa_cupy.cli import bench  # noqa: E402
 from santa_cupy import DecodePlan  # noqa: E402
 from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 

@@ -2,11 +2,11 @@
 
     PYTHONPATH=. python tools/key_sampling_study.py [--context 3072] [--steps 32] ...
 
-1. Dense prefill of `context` tokens of santa_tools.evaluation's deterministic long text, then `steps`
+1. Dense prefill of `context` tokens of santa_cupy.cli.evaluation's deterministic long text, then `steps`
    teacher-forced dense decode steps (the model's own float32 NumPy attention): the reference
    next-token logits, and the decode-time q of every layer and step (recorded by shadowing
-   `_eager_attention` on the model instance, as santa_tools.evaluation.decoding.AttentionRecorder does; model.py and
-   santa_tools.evaluation are only imported).
+   `_eager_attention` on the model instance, as santa_cupy.cli.evaluation.decoding.AttentionRecorder does; model.py and
+   santa_cupy.cli.evaluation are only imported).
 2. Attention level, on the captured inputs (all layers, `kernel_steps` of the steps, `seeds`
    seeds): fraction of K bytes read, relative L2 error of the attention output (dense value stage on
    the estimated scores) against exact float64 attention, and the bias of softmax(noisy scores):
@@ -36,7 +36,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from santa_tools import evaluation as ev  # noqa: E402  (long text, prefill / clone helpers, KL; used, never edited)
+from santa_cupy.cli import evaluation as ev  # noqa: E402  (long text, prefill / clone helpers, KL; used, never edited)
 from llama_min import models  # noqa: E402
 from llama_min.model import DENSE, LlamaModel  # noqa: E402
 from llama_min.tokenizer import Tokenizer  # noqa: E402
@@ -325,7 +325,7 @@ def markdown(res):
         "## Method",
         "",
         f"- Model {h['model']} (30 layers, 9 heads, 3 KV heads, head_dim 64), float32 weights and KV "
-        f"cache, NumPy on the CPU. Text: santa_tools.evaluation's deterministic long text; dense prefill of "
+        f"cache, NumPy on the CPU. Text: santa_cupy.cli.evaluation's deterministic long text; dense prefill of "
         f"{h['context']} tokens, {h['calib']} dense decode steps that calibrate the feature order (below), then "
         f"{h['steps']} teacher-forced decode steps (true tokens fed) that are evaluated.",
         "- Reference: the model's own dense float32 decode. Key-sampled runs replace the attention of every "

@@ -6,10 +6,10 @@ The one-pass estimator (santa_cupy.one_pass) includes row j with pi_j = min(1, S
 deterministic normaliser r; its cost (rows read) is about S exp(lse - r) and it is unbiased for any r.
 This tool measures candidate guesses r on real attention inputs:
 
-1. Capture: dense prefill of `context` tokens of santa_tools.evaluation's deterministic long text, then
+1. Capture: dense prefill of `context` tokens of santa_cupy.cli.evaluation's deterministic long text, then
    `warm + steps` teacher-forced dense decode steps (the model's float32 NumPy attention), recording
    q of every layer at every step through key_sampling_study.dense_run (which shadows
-   `_eager_attention` on the model instance; model.py and santa_tools.evaluation are only imported). The KV cache
+   `_eager_attention` on the model instance; model.py and santa_cupy.cli.evaluation are only imported). The KV cache
    at step t is the first context + t + 1 rows of the final cache.
 2. Exact float64 attention (o, lse) of every (layer, head, step). The first `warm` steps only provide
    the lse history that the history-based guesses need.
@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-from santa_tools import evaluation as ev  # noqa: E402  (long text, prefill helper; used, never edited)
+from santa_cupy.cli import evaluation as ev  # noqa: E402  (long text, prefill helper; used, never edited)
 import key_sampling_study as kss  # noqa: E402  (dense_run: the decode-time q capture)
 from llama_min import models  # noqa: E402
 from llama_min.model import LlamaModel  # noqa: E402
@@ -308,7 +308,7 @@ def markdown(res):
         "## Method",
         "",
         f"- Model {h['model']} (30 layers, 9 heads, 3 KV heads, head_dim 64), float32 weights and KV cache, "
-        f"NumPy on the CPU. Dense prefill of santa_tools.evaluation's deterministic long text (contexts "
+        f"NumPy on the CPU. Dense prefill of santa_cupy.cli.evaluation's deterministic long text (contexts "
         f"{', '.join(str(c['context']) for c in res['contexts'])}), then {h['warm']} + {h['steps']} "
         "teacher-forced dense decode steps; q of every layer captured at every step "
         "(`key_sampling_study.dense_run`), KV cache at that step. The first "

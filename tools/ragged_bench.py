@@ -2,9 +2,9 @@
 
     python tools/ragged_bench.py [--lengths 131072,1024x15] [--methods dense,santa-global-systematic-256]
 
-For each method (santa_tools.bench.methods' names): the ragged batch (lengths as given, L_max = the longest), the
+For each method (santa_cupy.cli.bench.methods' names): the ragged batch (lengths as given, L_max = the longest), the
 uniform batch of as many sequences reading the same rows in total (each sum / B rows), and the
-longest sequence alone at batch 1; µs from santa_tools.bench.timing's CUDA-graph timer over rotating inputs.
+longest sequence alone at batch 1; µs from santa_cupy.cli.bench.timing's CUDA-graph timer over rotating inputs.
 Prints a Markdown table with ragged / uniform (the target: at most 1.15x).
 """
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from santa_tools import bench  # noqa: E402
+from santa_cupy.cli import bench  # noqa: E402
 
 
 def parse_lengths(text: str) -> list[int]:

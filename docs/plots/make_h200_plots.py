@@ -10,7 +10,7 @@ evaluation.report.write_plot draws one panel per evaluation present, so one PNG 
 import json
 import os
 
-from santa_tools import evaluation
+from santa_cupy.cli import evaluation
 
 RUNS = {"docs/results/eval_h200": "h200_", "docs/results/eval_h200_v4": "h200_v4_"}
 OUT = "docs/plots"

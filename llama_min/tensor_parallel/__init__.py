@@ -36,7 +36,7 @@ its collectives included, as one CUDA graph per rank (TensorParallelGraphDecoder
 
 from llama_min.tensor_parallel.backend import ShardedBackend
 from llama_min.tensor_parallel.comms import (NCCL_ENV, Communicator, FakeCommunicator, FakeGroup, NcclCommunicator,
-                                             _nccl_environment)     # noqa: F401  (santa_tools bench e2e's)
+                                             _nccl_environment)     # noqa: F401  (santa-cupy bench e2e's)
 from llama_min.tensor_parallel.decoders import TensorParallelDecoder, TensorParallelGraphDecoder, run_ranks
 from llama_min.tensor_parallel.ranks import make_rank_model, rank_model, rank_models_on_gpus
 from llama_min.tensor_parallel.sharding import (ShardPlan, rank_config, rank_weight_shapes, shard_plan, shard_weights,

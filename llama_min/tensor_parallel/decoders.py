@@ -72,7 +72,7 @@ class TensorParallelDecoder:
         """CPU: the rank models of a NumPy LlamaModel and a FakeGroup of tp ranks."""
         if model.xp is not np:
             raise ValueError("from_model builds the CPU decoder (FakeGroup); on the GPU use NcclCommunicator "
-                             "(santa_tools bench e2e --tp builds one)")
+                             "(santa-cupy bench e2e --tp builds one)")
         plan = shard_plan(model.cfg, tp, align)
         group = group or FakeGroup(tp)
         models = [rank_model(model, plan, r) for r in range(tp)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from santa_tools.evaluation.ruler.scoring import task_family
-from santa_tools.evaluation.ruler.tasks import STANDARD_TASKS
+from santa_cupy.cli.evaluation.ruler.scoring import task_family
+from santa_cupy.cli.evaluation.ruler.tasks import STANDARD_TASKS
 
 
 def _open_text(path, mode="rt"):

@@ -49,4 +49,4 @@ runs (settings, the decoders, greedy answers, pacing), summary (statistics), rep
 (``eval ruler``).
 """
 
-from santa_tools.evaluation.ruler.command import eval_ruler  # noqa: F401
+from santa_cupy.cli.evaluation.ruler.command import eval_ruler  # noqa: F401

@@ -53,8 +53,8 @@ def _register():
     from llama_min.commands import generate, models
     main.add_command(generate)
     main.add_command(models)
-    from santa_tools.bench import bench
-    from santa_tools.evaluation import eval_command
+    from santa_cupy.cli.bench import bench
+    from santa_cupy.cli.evaluation import eval_command
     main.add_command(bench)
     main.add_command(eval_command, name="eval")
 

@@ -10,11 +10,11 @@ import sys
 import click
 
 from llama_min.commands import check_output_path
-from santa_tools.bench.e2e import LLAMA8B_MODEL, weight_shapes
-from santa_tools.bench.gpu import _cupy, gpu_metadata, random_array
-from santa_tools.bench.methods import parse_list
-from santa_tools.bench.report import _log, run_metadata, write_outputs
-from santa_tools.bench.timing import measure_ceiling, time_cupy_graph
+from santa_cupy.cli.bench.e2e import LLAMA8B_MODEL, weight_shapes
+from santa_cupy.cli.bench.gpu import _cupy, gpu_metadata, random_array
+from santa_cupy.cli.bench.methods import parse_list
+from santa_cupy.cli.bench.report import _log, run_metadata, write_outputs
+from santa_cupy.cli.bench.timing import measure_ceiling, time_cupy_graph
 
 
 PRODUCT_METHODS = ("cublas", "gemv", "gemv-rows")      # gemv = decoder_ops v2 "split", gemv-rows = v1

@@ -9,9 +9,9 @@ import json
 import click
 
 from llama_min.commands import check_output_path
-from santa_tools.evaluation.config import FULL, OPTION_TYPES, SMALL, SettingName, _csv, resolve_config
-from santa_tools.evaluation.report import merge_results, write_report
-from santa_tools.evaluation.runs import run_and_report
+from santa_cupy.cli.evaluation.config import FULL, OPTION_TYPES, SMALL, SettingName, _csv, resolve_config
+from santa_cupy.cli.evaluation.report import merge_results, write_report
+from santa_cupy.cli.evaluation.runs import run_and_report
 
 
 def _block_ns():

@@ -27,7 +27,7 @@ the Session), config (options and their checks), report (tables, plot, JSON, mer
 """
 
 
-from santa_tools.evaluation.commands import eval_command
-from santa_tools.evaluation.ruler import eval_ruler
+from santa_cupy.cli.evaluation.commands import eval_command
+from santa_cupy.cli.evaluation.ruler import eval_ruler
 
 eval_command.add_command(eval_ruler, "ruler")

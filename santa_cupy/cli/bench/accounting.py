@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from santa_tools.bench.methods import ITEMSIZE, L2_FACTOR, MAX_COPIES, Method, PEERS, Shape
+from santa_cupy.cli.bench.methods import ITEMSIZE, L2_FACTOR, MAX_COPIES, Method, PEERS, Shape
 
 
 def kv_bytes(shape: Shape, B: int, L: int) -> int:

@@ -9,9 +9,9 @@ import os
 import click
 import numpy as np
 
-from santa_tools.evaluation.report import emit_report, markdown_table
-from santa_tools.evaluation.ruler.summary import summarize, timings
-from santa_tools.plotting import pyplot
+from santa_cupy.cli.evaluation.report import emit_report, markdown_table
+from santa_cupy.cli.evaluation.ruler.summary import summarize, timings
+from santa_cupy.cli.plotting import pyplot
 
 
 def _cell(row: dict, dense: bool) -> str:
@@ -180,7 +180,7 @@ def combine_runs(parts) -> dict:
     in first-seen order, the summary recomputed. Records with the same record_key (task, length,
     sample index, setting, seed) are duplicates: identical ones but for their timings are kept
     once (the first; a note on stderr counts them), differing ones are an error."""
-    from santa_tools.evaluation.ruler.runs import record_key
+    from santa_cupy.cli.evaluation.ruler.runs import record_key
     config = dict(parts[0][1]["config"])
     for k in ("samples_run", "samples_pending", "partial"):          # a part's own
         config.pop(k, None)

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 import click
 
 from llama_min.commands import KV_CACHE_LAYOUTS, check_output_path, kv_cache_page_size, kv_cache_report
-from santa_tools.bench.gpu import _cupy, gpu_metadata, random_array
-from santa_tools.bench.methods import parse_list, parse_method, parse_size
-from santa_tools.bench.report import _log, e2e_table, fmt_bytes, run_metadata, write_outputs
-from santa_tools.bench.timing import measure_ceiling, time_steps
+from santa_cupy.cli.bench.gpu import _cupy, gpu_metadata, random_array
+from santa_cupy.cli.bench.methods import parse_list, parse_method, parse_size
+from santa_cupy.cli.bench.report import _log, e2e_table, fmt_bytes, run_metadata, write_outputs
+from santa_cupy.cli.bench.timing import measure_ceiling, time_steps
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,18 @@ import time
 import click
 
 from llama_min.commands import check_output_path
-from santa_tools.evaluation.commands import _block_ns
-from santa_tools.evaluation.config import OPTION_TYPES, CommaList
-from santa_tools.evaluation.decoding import pick_device
-from santa_tools.evaluation.runs import _progress
-from santa_tools.evaluation.settings import DENSE
-from santa_tools.evaluation.ruler.data import _select, data_files, read_jsonl, read_record, write_jsonl
-from santa_tools.evaluation.ruler.generation import _pkg_version, check_package, generate_task, sentence_splitter
-from santa_tools.evaluation.ruler.report import (CHECKPOINT_EVERY, check_same, combine_runs, merge_runs, read_run,
+from santa_cupy.cli.evaluation.commands import _block_ns
+from santa_cupy.cli.evaluation.config import OPTION_TYPES, CommaList
+from santa_cupy.cli.evaluation.decoding import pick_device
+from santa_cupy.cli.evaluation.runs import _progress
+from santa_cupy.cli.evaluation.settings import DENSE
+from santa_cupy.cli.evaluation.ruler.data import _select, data_files, read_jsonl, read_record, write_jsonl
+from santa_cupy.cli.evaluation.ruler.generation import _pkg_version, check_package, generate_task, sentence_splitter
+from santa_cupy.cli.evaluation.ruler.report import (CHECKPOINT_EVERY, check_same, combine_runs, merge_runs, read_run,
                                                 write_checkpoint, write_report)
-from santa_tools.evaluation.ruler.runs import Pacer, SettingList, first_round, record_key, run_samples
-from santa_tools.evaluation.ruler.summary import summarize, timings
-from santa_tools.evaluation.ruler.tasks import DATA_SEED, DEFAULT_LENGTHS, DEFAULT_SETTINGS, PACKAGE, STANDARD_TASKS
+from santa_cupy.cli.evaluation.ruler.runs import Pacer, SettingList, first_round, record_key, run_samples
+from santa_cupy.cli.evaluation.ruler.summary import summarize, timings
+from santa_cupy.cli.evaluation.ruler.tasks import DATA_SEED, DEFAULT_LENGTHS, DEFAULT_SETTINGS, PACKAGE, STANDARD_TASKS
 
 
 @click.command("ruler")

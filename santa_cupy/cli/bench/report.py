@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from santa_tools.bench.methods import PEERS
-from santa_tools.plotting import pyplot
+from santa_cupy.cli.bench.methods import PEERS
+from santa_cupy.cli.plotting import pyplot
 
 
 def fmt_bytes(n) -> str:

@@ -10,12 +10,12 @@ import click
 import numpy as np
 
 from santa_cupy.setting import AttentionSetting
-from santa_tools.evaluation.decoding import (GraphGreedy, clone_cache, eager_greedy, greedy_together, load_prefill,
+from santa_cupy.cli.evaluation.decoding import (GraphGreedy, clone_cache, eager_greedy, greedy_together, load_prefill,
                                              prefill_chunk, prefilled_cache)
-from santa_tools.evaluation.settings import DENSE, run_setting
-from santa_tools.evaluation.ruler.data import prompt_text
-from santa_tools.evaluation.ruler.scoring import score, task_family
-from santa_tools.evaluation.ruler.tasks import TOKENS_TO_GENERATE
+from santa_cupy.cli.evaluation.settings import DENSE, run_setting
+from santa_cupy.cli.evaluation.ruler.data import prompt_text
+from santa_cupy.cli.evaluation.ruler.scoring import score, task_family
+from santa_cupy.cli.evaluation.ruler.tasks import TOKENS_TO_GENERATE
 
 
 def parse_setting(label: str) -> AttentionSetting:

@@ -22,9 +22,9 @@ CPU (tests/test_bench.py).
 
 import click
 
-from santa_tools.bench.e2e import e2e_command
-from santa_tools.bench.kernels import kernels_command, stages_command
-from santa_tools.bench.products import products_command
+from santa_cupy.cli.bench.e2e import e2e_command
+from santa_cupy.cli.bench.kernels import kernels_command, stages_command
+from santa_cupy.cli.bench.products import products_command
 
 
 @click.group("bench", context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,7 +8,7 @@ import re
 
 import click
 
-from santa_tools.evaluation.ruler.tasks import FAMILY, METRIC, STANDARD_TASKS, TOKENS_TO_GENERATE
+from santa_cupy.cli.evaluation.ruler.tasks import FAMILY, METRIC, STANDARD_TASKS, TOKENS_TO_GENERATE
 
 
 def postprocess_pred(text) -> str:

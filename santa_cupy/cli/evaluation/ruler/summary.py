@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from santa_tools.evaluation.ruler.tasks import PARITY_FLOOR, RESOLVE_POINTS, STANDARD_TASKS
+from santa_cupy.cli.evaluation.ruler.tasks import PARITY_FLOOR, RESOLVE_POINTS, STANDARD_TASKS
 
 
 def binomial_se(p: float, n: int) -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from santa_tools.evaluation.ruler.tasks import DATA_SEED, GENERATOR_TIMEOUT_S, INSTALL_HINT, PACKAGE
+from santa_cupy.cli.evaluation.ruler.tasks import DATA_SEED, GENERATOR_TIMEOUT_S, INSTALL_HINT, PACKAGE
 
 
 def _have(module: str) -> bool:
@@ -53,11 +53,11 @@ def generate_task(task: str, length: int, n: int, model_path, seed: int = DATA_S
         job = {"task": task, "length": int(length), "n": int(n), "seed": int(seed),
                "model": str(model_path), "save_dir": tmp}
         env = dict(os.environ)
-        here = str(Path(__file__).resolve().parents[3])     # the folder that holds santa_tools
+        here = str(Path(__file__).resolve().parents[4])     # the folder that holds santa_cupy
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         limit = GENERATOR_TIMEOUT_S + 5 * int(n)
         try:
-            proc = subprocess.run([sys.executable, "-c", "from santa_tools.evaluation.ruler import generation; generation._child_main()",
+            proc = subprocess.run([sys.executable, "-c", "from santa_cupy.cli.evaluation.ruler import generation; generation._child_main()",
                                    json.dumps(job)], env=env, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
             raise click.ClickException(

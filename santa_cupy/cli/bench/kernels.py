@@ -10,13 +10,13 @@ import sys
 import click
 
 from llama_min.commands import check_output_path
-from santa_tools.bench.accounting import add_derived, attention_bytes, copies_for, kv_bytes
-from santa_tools.bench.gpu import _cupy, _optional_flashinfer, _optional_torch, gpu_metadata, random_array
-from santa_tools.bench.methods import L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
-from santa_tools.bench.paged import PAGE_ROWS, PagedLayout, paged_cache
-from santa_tools.bench.peers import bench_flashinfer, bench_torch
-from santa_tools.bench.report import _log, fmt_bytes, fmt_context, kernel_table, plot_rows, run_metadata, stage_table, write_outputs
-from santa_tools.bench.timing import measure_ceiling, time_cupy_graph
+from santa_cupy.cli.bench.accounting import add_derived, attention_bytes, copies_for, kv_bytes
+from santa_cupy.cli.bench.gpu import _cupy, _optional_flashinfer, _optional_torch, gpu_metadata, random_array
+from santa_cupy.cli.bench.methods import L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
+from santa_cupy.cli.bench.paged import PAGE_ROWS, PagedLayout, paged_cache
+from santa_cupy.cli.bench.peers import bench_flashinfer, bench_torch
+from santa_cupy.cli.bench.report import _log, fmt_bytes, fmt_context, kernel_table, plot_rows, run_metadata, stage_table, write_outputs
+from santa_cupy.cli.bench.timing import measure_ceiling, time_cupy_graph
 
 
 def make_inputs(cp, shape: Shape, B: int, L: int, n: int) -> list[tuple]:

@@ -10,13 +10,13 @@ import time
 import click
 import numpy as np
 
-from santa_tools.evaluation.config import EvalConfig, check_lengths_fit, retrieval_cap, select_layers
+from santa_cupy.cli.evaluation.config import EvalConfig, check_lengths_fit, retrieval_cap, select_layers
 from llama_min.model import key_read_fraction
-from santa_tools.evaluation.decoding import AttentionRecorder, clone_cache, make_stepper, pick_device, prefilled_cache, to_host
-from santa_tools.evaluation.metrics import exact_attention, exact_lse, exact_match_length, kl_from_logits, perplexity, relative_l2, retrieval_success, seed_bias, token_nll, top1_agreement
-from santa_tools.evaluation.report import write_report
-from santa_tools.evaluation.settings import DENSE, run_setting, settings_grid
-from santa_tools.evaluation.texts import long_text_ids, passcode, retrieval_prompt_ids
+from santa_cupy.cli.evaluation.decoding import AttentionRecorder, clone_cache, make_stepper, pick_device, prefilled_cache, to_host
+from santa_cupy.cli.evaluation.metrics import exact_attention, exact_lse, exact_match_length, kl_from_logits, perplexity, relative_l2, retrieval_success, seed_bias, token_nll, top1_agreement
+from santa_cupy.cli.evaluation.report import write_report
+from santa_cupy.cli.evaluation.settings import DENSE, run_setting, settings_grid
+from santa_cupy.cli.evaluation.texts import long_text_ids, passcode, retrieval_prompt_ids
 
 
 def _progress(length: int, label: str):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-from santa_tools.bench.accounting import copies_for, kv_bytes
-from santa_tools.bench.methods import Method, Shape
-from santa_tools.bench.paged import PagedLayout, paged_cache
-from santa_tools.bench.report import _exc_line, _log, fmt_bytes
-from santa_tools.bench.timing import time_torch_graph
+from santa_cupy.cli.bench.accounting import copies_for, kv_bytes
+from santa_cupy.cli.bench.methods import Method, Shape
+from santa_cupy.cli.bench.paged import PagedLayout, paged_cache
+from santa_cupy.cli.bench.report import _exc_line, _log, fmt_bytes
+from santa_cupy.cli.bench.timing import time_torch_graph
 
 
 TORCH_BACKEND_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}

@@ -9,8 +9,8 @@ import json
 import click
 import numpy as np
 
-from santa_tools.evaluation.metrics import mean_std, success_rate
-from santa_tools.plotting import pyplot
+from santa_cupy.cli.evaluation.metrics import mean_std, success_rate
+from santa_cupy.cli.plotting import pyplot
 
 
 def fmt_ms(m: float, s: float, digits: int = 3) -> str:
