@@ -302,24 +302,24 @@ def test_decoder_input_errors():
 
 
 def test_bench_70b_shape_and_tp_byte_floor():
-    from santa_cupy.cli.bench import e2e
+    from santa_cupy.cli.bench import e2e, e2e_tp
 
     m = e2e.LLAMA70B_MODEL
     assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab) == (
         80, 8192, 64, 8, 128, 28672, 128256)
-    one = e2e.tp_bytes(m, 1, 32768, 1)
+    one = e2e_tp.tp_bytes(m, 1, 32768, 1)
     assert one["total"] == e2e.e2e_bytes(m, 1, 32768)["total"]          # TP=1 is the whole model
     assert 139e9 < one["weights"] < 140e9                                # 70.6 B parameters less the embedding, fp16
     for tp in (2, 4, 8):
-        b = e2e.tp_bytes(m, 1, 131072, tp)
+        b = e2e_tp.tp_bytes(m, 1, 131072, tp)
         assert b["kv"] * tp == e2e.e2e_bytes(m, 1, 131072)["kv"]         # KV / tp: 8 KV heads split
         # weights / tp, plus the replicated norms and the one embedding row per sequence
         replicated = (m.layers * 2 + 1) * m.hidden * 4 + m.hidden * 2
         assert b["weights"] - replicated == (one["weights"] - replicated) // tp
     # TP=16 > KVH: each GPU holds (and reads) one replicated KV head: KV / 8, not / 16
-    b16 = e2e.tp_bytes(m, 1, 131072, 16)
+    b16 = e2e_tp.tp_bytes(m, 1, 131072, 16)
     assert b16["kv"] * 8 == e2e.e2e_bytes(m, 1, 131072)["kv"] and b16["kv_replicas"] == 2
-    sizes = e2e.tp_collective_sizes(m, 2, 8)
+    sizes = e2e_tp.tp_collective_sizes(m, 2, 8)
     assert sizes == {"all_reduce": 161, "all_reduce_bytes": 2 * 8192 * 4, "all_gather_bytes": 2 * 16032 * 4}
 
 
@@ -327,12 +327,12 @@ def test_bench_tp_needs_enough_gpus():
     import click
     from types import SimpleNamespace
 
-    from santa_cupy.cli.bench import e2e
+    from santa_cupy.cli.bench import e2e_tp
 
     cp = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 2)))
-    assert e2e.check_gpus(cp, 2) == 2
+    assert e2e_tp.check_gpus(cp, 2) == 2
     with pytest.raises(click.ClickException, match="--tp 4 needs 4 GPUs, 2 visible"):
-        e2e.check_gpus(cp, 4)
+        e2e_tp.check_gpus(cp, 4)
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -354,12 +354,12 @@ def test_bench_tp_argument_errors(args, msg):
 
 
 def test_bench_tp_memory_per_gpu():
-    from santa_cupy.cli.bench import e2e
+    from santa_cupy.cli.bench import e2e, e2e_tp
 
     m = e2e.LLAMA70B_MODEL
-    assert 85e9 < e2e.tp_memory(m, 1, 131072 + 40, 2) < 100e9
-    assert e2e.tp_memory(m, 1, 131072 + 40, 8) < 30e9
-    assert 15e9 < e2e.tp_memory(e2e.LLAMA8B_MODEL, 1, 131072 + 40, 2) < 18e9      # (16 GB + 17 GB KV) / 2
+    assert 85e9 < e2e_tp.tp_memory(m, 1, 131072 + 40, 2) < 100e9
+    assert e2e_tp.tp_memory(m, 1, 131072 + 40, 8) < 30e9
+    assert 15e9 < e2e_tp.tp_memory(e2e.LLAMA8B_MODEL, 1, 131072 + 40, 2) < 18e9      # (16 GB + 17 GB KV) / 2
 
 
 # --------------------------------------------------------------------------- NcclCommunicator's host side
