@@ -4,7 +4,9 @@ that read only part of K (Bernoulli qK^T, the paper's score-stage sampling). flo
 Public entry points: an AttentionSetting with key_sampling "bernoulli" | "bernoulli_block" (name part
 ``/keys=...``, santa_cupy/setting.py) in ``santa_cupy.decode_attention`` on NumPy inputs (which runs
 key_sampled_attention below), ``santa_cupy.key_scores`` (key_scores below, float32 by default) and
-llama_min's CPU decoder. No GPU kernel yet: GPU inputs raise NotImplementedError.
+llama_min's CPU decoder. The GPU runs "bernoulli_block" (rules uniform | qmax | qrms) on a
+feature-blocked K (santa_cupy/key_layout.py, santa_cupy/key_pass.py, cuda/santa_score_keys.cu):
+the same pi, masks and weights as this reference, bit for bit, scores in float32.
 
 Shapes: B sequences, H query heads, KVH KV heads, G = H // KVH heads per group (head h reads KV
 head h // G), D head dim, L_max cache rows, R draws, FB features per block, C = D // FB blocks.

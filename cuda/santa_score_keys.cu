@@ -1,0 +1,226 @@
+// santa_score_keys.cu — S2ANTA pass 1 (score stage) with block key sampling ("bernoulli_block",
+// santa_cupy/key_sampling.py) on the feature-blocked K cache: it reads only the K blocks a draw
+// selected.
+//
+// K layout (santa_cupy/key_layout.py): kb [B, KVH, C, L_max, FB], C = D / FB, FB = 16 | 32 (a
+// runtime argument): the rows of block c of KV head g are one contiguous run of L_max * FB
+// elements. q [B, H, D]; heads g*G .. g*G + G - 1 read KV head g. Contiguous caches only.
+//
+// Two kernels, launched back to back (santa_cupy/key_pass.py):
+//
+// santa_key_blocks<T>: grid (KVH, B), block 32 (one warp per (b, g); lane c holds block c, C <= 32).
+//   The group's block weights w_c (rule 0 "uniform": 1; 1 "qmax": max_h ||q_h[c]||; 2 "qrms":
+//   sqrt(sum_h ||q_h[c]||^2)), pi_c = min(1, lam w_c) with lam by the reference's float64
+//   bisection (80 steps, stopping at its fixed point, where the next steps change nothing), pi
+//   rounded to float32, R draws I_{r,c} = [u_{r,c} < pi_c] from the group stream
+//   (key_sampling_uniform: unit GROUP_UNIT | (kv_offset + g), k = (r << 32) | c), and each
+//   block's Horvitz-Thompson weight, "mean" (combine 0) (count_c / R) / pi_c or "union" (1)
+//   1 / (1 - (1 - pi_c)^R) where any draw selected it, else 0. Every float64 operation is an
+//   explicit _rn intrinsic in the order santa_cupy/key_sampling.py documents (no FMA
+//   contraction), so pi and the masks equal the NumPy reference's bit for bit.
+//   Writes key_weight[b, g, c] (float32), key_pi[b, g, c] (float32), blocks_read[b, g] (int32:
+//   blocks with a nonzero weight, the K blocks santa_score_keys reads per row).
+//
+// santa_score_keys<T, D, BN, G>: grid (T_max, KVH, B), block SC_NTHREADS (128); tile t covers rows
+//   [t*BN, min((t+1)*BN, n_b)); tiles past n_b exit at once. Writes exactly what santa_score
+//   writes (santa_prefix, santa_tile and santa_merge follow unchanged): scores[b, h, j] =
+//   scale * sum_{c read} key_weight[b, g, c] * q_h[c] . K_j[c] (float32, for j < n_b) and
+//   part_s[b, h, t] = (m_t, l_t, 0, 0). It reads key_weight and only the runs of blocks with a
+//   nonzero weight: thread i owns the 16-byte piece (i mod P) of rows i / P + m * (128 / P) of
+//   each run (P = FB / 8 pieces a row), so a warp reads 512 contiguous bytes of a run per load;
+//   the next block's pieces are loaded while the current one is multiplied. Partial dot products
+//   add over the blocks in block order, then over the P lanes of a row (a fixed order: a re-run
+//   writes the same bits).
+//   Shared memory (static): qw [C*P][G][8] f32 (scale * weight_c * q, per piece) | read [C] i32 |
+//   s [G][BN] f32 | m, l [G] f32.
+#include "common.cuh"
+#include "tile.cuh"
+// santa_score.cu: write_tile_stash (kernels.py concatenates the files in this order)
+#include "santa_score.cu"
+
+#define SC_KEY_SAMPLING_TILE 0xFFFFFFFEull   // rng.KEY_SAMPLING_TILE
+#define SC_GROUP_UNIT 0x80000000ull          // rng.GROUP_UNIT
+#define SC_KEY_BISECTION_STEPS 80            // key_sampling.block_probabilities' iterations
+
+// x^R (R >= 1) by square-and-multiply from the lowest bit, starting at the first set bit
+// (key_sampling._int_power).
+__device__ __forceinline__ double key_int_power(double x, int R) {
+    double result = 1.0, base = x;
+    bool first = true;
+    while (R) {
+        if (R & 1) { result = first ? base : __dmul_rn(result, base); first = false; }
+        R >>= 1;
+        if (R) base = __dmul_rn(base, base);
+    }
+    return result;
+}
+
+// (1 / C) sum_c 1 - (1 - min(1, lam w_c))^R, summed over c in order: the same value on every lane
+// (lane c holds w_c; lanes >= C add nothing).
+__device__ __forceinline__ double key_read_fraction(double lam, double w, int C, int R) {
+    const int lane = threadIdx.x & 31;
+    const double pi = fmin(1.0, __dmul_rn(lam, w));
+    const double term = lane < C ? __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, pi), R)) : 0.0;
+    double total = 0.0;
+    for (int c = 0; c < C; ++c) total = __dadd_rn(total, __shfl_sync(0xffffffffu, term, c));
+    return __ddiv_rn(total, (double)C);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32)
+santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rule, int R, double budget,
+                 int combine, u64 seed, const i64* __restrict__ step, int layer, int kv_offset,
+                 float* __restrict__ key_weight, float* __restrict__ key_pi, int* __restrict__ blocks_read) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    const int g = blockIdx.x, lane = threadIdx.x;
+    const i64 b = blockIdx.y;
+    const int G = H / KVH, C = D / FB;
+    // w_c: the FB squares in feature order per head, heads in order (qrms) or their max (qmax)
+    double w = 0.0;
+    if (lane < C) {
+        if (rule == 0) {
+            w = 1.0;
+        } else {
+            double heads = 0.0;
+            for (int h = 0; h < G; ++h) {
+                const T* qh = q + (b * H + (i64)g * G + h) * D + lane * FB;
+                double norm = 0.0;
+                for (int i = 0; i < FB; ++i) {
+                    const double x = (double)to_float(qh[i]);
+                    norm = __dadd_rn(norm, __dmul_rn(x, x));
+                }
+                heads = rule == 1 ? fmax(heads, norm) : __dadd_rn(heads, norm);
+            }
+            w = __dsqrt_rn(heads);
+        }
+    }
+    // lam_hi: every positive block at pi = 1; bisection only where that reads more than the budget
+    double w_min = lane < C && w > 0.0 ? w : SC_INF;
+    for (int o = 16; o > 0; o >>= 1) w_min = fmin(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
+    const double lam_hi = w_min == (double)SC_INF ? 0.0 : __ddiv_rn(1.0, w_min);
+    double lam = lam_hi;
+    if (key_read_fraction(lam_hi, w, C, R) > budget) {     // warp-uniform
+        double lo = 0.0, hi = lam_hi;
+        for (int it = 0; it < SC_KEY_BISECTION_STEPS; ++it) {
+            const double mid = __dmul_rn(0.5, __dadd_rn(lo, hi));
+            if (mid == lo || mid == hi) break;           // the fixed point: later steps change nothing
+            if (key_read_fraction(mid, w, C, R) > budget) hi = mid;
+            else lo = mid;
+        }
+        lam = hi;
+    }
+    const float pi = (float)fmin(1.0, __dmul_rn(lam, w));
+    // the draws: group stream, k = (r << 32) | c
+    const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, SC_GROUP_UNIT | (u64)(kv_offset + g));
+    int count = 0;
+    if (lane < C)
+        for (int r = 0; r < R; ++r)
+            count += uniform01(key, SC_KEY_SAMPLING_TILE, ((u64)r << 32) | (u64)lane) < pi;
+    double weight = 0.0;
+    if (count > 0) {
+        weight = combine == 0 ? __ddiv_rn(__ddiv_rn((double)count, (double)R), (double)pi)
+                              : __ddiv_rn(1.0, __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, (double)pi), R)));
+    }
+    const i64 at = (b * KVH + g) * C + lane;
+    if (lane < C) {
+        key_weight[at] = (float)weight;
+        key_pi[at] = pi;
+    }
+    const unsigned read = __ballot_sync(0xffffffffu, lane < C && count > 0);
+    if (lane == 0) blocks_read[b * KVH + g] = __popc(read);
+}
+
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
+                 int H, int KVH, i64 L_max, int T_max, int FB, const float* __restrict__ key_weight,
+                 float* __restrict__ scores, float4* __restrict__ part_s) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    static_assert(BN % 32 == 0, "whole passes of 32 rows");
+    constexpr int kMaxC = D / 16, kMaxPieces = D / SC_CHUNK, kMaxM = BN / 32;
+    const int t = blockIdx.x, g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const i64 row0 = (i64)t * BN;
+    if (row0 >= n) return;
+    const int nrows = (int)min((i64)BN, n - row0);
+    const int C = D / FB;
+    const int log2p = FB == 32 ? 2 : 1, P = 1 << log2p;
+    const int M = (BN << log2p) / SC_NTHREADS;             // rows a thread owns in a run
+    const int rows_per_pass = SC_NTHREADS >> log2p;
+
+    __shared__ __align__(16) float qw[kMaxPieces * G * SC_CHUNK];
+    __shared__ int read[kMaxC];
+    __shared__ int nread;
+    __shared__ float s[G * BN];
+    __shared__ float m[G], l[G];
+    const float* wgt = key_weight + (b * KVH + g) * C;
+    if (threadIdx.x == 0) {
+        int k = 0;
+        for (int c = 0; c < C; ++c)
+            if (wgt[c] != 0.f) read[k++] = c;
+        nread = k;
+    }
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {   // qw[piece][h][e]
+        const int h = idx / D, f = idx % D;
+        const float x = to_float(q[(b * H + (i64)g * G + h) * D + f]);
+        qw[((f / SC_CHUNK) * G + h) * SC_CHUNK + f % SC_CHUNK] = scale * wgt[f / FB] * x;
+    }
+    __syncthreads();
+
+    const int piece = threadIdx.x & (P - 1), rg = threadIdx.x >> log2p;
+    const T* head = kb + (b * KVH + g) * (i64)C * L_max * FB + row0 * FB + piece * SC_CHUNK;
+    float acc[kMaxM][G];
+#pragma unroll
+    for (int mm = 0; mm < kMaxM; ++mm)
+#pragma unroll
+        for (int h = 0; h < G; ++h) acc[mm][h] = 0.f;
+
+    auto load_run = [&](int ci, Chunk<T> (&k)[kMaxM]) {    // this thread's pieces of read block ci
+        const T* run = head + (i64)read[ci] * L_max * FB;
+#pragma unroll
+        for (int mm = 0; mm < kMaxM; ++mm) {
+            const int j = rg + mm * rows_per_pass;
+            if (mm < M && j < nrows) k[mm].load(run + (i64)j * FB);
+            else k[mm].zero();
+        }
+    };
+    const int nr = nread;
+    Chunk<T> cur[kMaxM], nxt[kMaxM];
+    if (nr > 0) load_run(0, cur);
+    for (int ci = 0; ci < nr; ++ci) {
+        if (ci + 1 < nr) load_run(ci + 1, nxt);
+        const float* qp = qw + ((read[ci] * FB) / SC_CHUNK + piece) * G * SC_CHUNK;
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float qh[SC_CHUNK];
+            *reinterpret_cast<float4*>(qh) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK);
+            *reinterpret_cast<float4*>(qh + 4) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK + 4);
+#pragma unroll
+            for (int mm = 0; mm < kMaxM; ++mm) {
+                if (mm >= M) break;                       // FB 16: half the slots (block-uniform)
+                float kf[SC_CHUNK];
+                cur[mm].to_floats(kf);
+#pragma unroll
+                for (int e = 0; e < SC_CHUNK; ++e) acc[mm][h] = fmaf(qh[e], kf[e], acc[mm][h]);
+            }
+        }
+#pragma unroll
+        for (int mm = 0; mm < kMaxM; ++mm) cur[mm] = nxt[mm];
+    }
+    // the P lanes of a row hold its partial sums: add them, piece 0 writes the tile's scores
+#pragma unroll
+    for (int mm = 0; mm < kMaxM; ++mm) {
+        const int j = rg + mm * rows_per_pass;
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float sc = group_sum(acc[mm][h], P);
+            if (mm < M && piece == 0) s[h * BN + j] = j < nrows ? sc : -SC_INF;
+        }
+    }
+    __syncthreads();
+    tile_stats<BN>(m, l, s, G, nrows);
+    write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
+}
