@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from santa_cupy import kernels, key_layout, spec
+from santa_cupy import kernels, spec
 
 __all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores"]
 
