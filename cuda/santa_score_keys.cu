@@ -21,18 +21,22 @@
 //   Writes key_weight[b, g, c] (float32), key_pi[b, g, c] (float32), blocks_read[b, g] (int32:
 //   blocks with a nonzero weight, the K blocks santa_score_keys reads per row).
 //
-// santa_score_keys<T, D, BN, G>: grid (T_max, KVH, B), block SC_NTHREADS (128); tile t covers rows
-//   [t*BN, min((t+1)*BN, n_b)); tiles past n_b exit at once. Writes exactly what santa_score
-//   writes (santa_prefix, santa_tile and santa_merge follow unchanged): scores[b, h, j] =
-//   scale * sum_{c read} key_weight[b, g, c] * q_h[c] . K_j[c] (float32, for j < n_b) and
-//   part_s[b, h, t] = (m_t, l_t, 0, 0). It reads key_weight and only the runs of blocks with a
-//   nonzero weight: thread i owns the 16-byte piece (i mod P) of rows i / P + m * (128 / P) of
-//   each run (P = FB / 8 pieces a row), so a warp reads 512 contiguous bytes of a run per load;
-//   the next block's pieces are loaded while the current one is multiplied. Partial dot products
-//   add over the blocks in block order, then over the P lanes of a row (a fixed order: a re-run
-//   writes the same bits).
-//   Shared memory (static): qw [C*P][G][8] f32 (scale * weight_c * q, per piece) | read [C] i32 |
-//   s [G][BN] f32 | m, l [G] f32.
+// santa_score_keys<T, D, BN, G>: grid (ceil(T_max / tiles_per_block), KVH, B), block SC_NTHREADS
+//   (128); block x takes the run of tiles [x * tpb, min((x + 1) * tpb, n_tiles)) of (b, g), tile t
+//   the rows [t*BN, min((t+1)*BN, n_b)); blocks past n_b exit at once. Writes exactly what
+//   santa_score writes (santa_prefix, santa_tile and santa_merge follow unchanged): scores[b, h, j]
+//   = scale * sum_{c read} key_weight[b, g, c] * q_h[c] . K_j[c] (float32, for j < n_b) and
+//   part_s[b, h, t] = (m_t, l_t, 0, 0). It reads key_weight and only the runs of the blocks with a
+//   nonzero weight (the union over the draws), in units of one tile and 32 features: one read block
+//   (FB 32) or two (FB 16). Thread i owns the 16-byte piece i mod 4 of the unit's rows
+//   i / 4 + 32 m (m < BN / 32), so a warp reads 8 rows x 64 contiguous bytes of each run it touches
+//   (FB 32: 512 bytes of one run; FB 16: 256 bytes of each of two). Units stream through
+//   kStages register buffers across the run's tiles: while one unit is multiplied the next
+//   kStages - 1 are loading, through a tile's stash and stats too. Partial dot products add over the
+//   units in block order, then over the 4 lanes of a row (a fixed order: a re-run writes the same
+//   bits). The block's prologue (the read list, scale * weight * q) is paid once per run.
+//   Shared memory (static): qw [D/8][G][8] f32 (scale * weight_c * q, per 8-feature piece) |
+//   read [C] i32 | s [G][BN] f32 | m, l [G] f32.
 #include "common.cuh"
 #include "tile.cuh"
 // santa_score.cu: write_tile_stash (kernels.py concatenates the files in this order)
@@ -134,34 +138,34 @@ santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rul
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
-                 int H, int KVH, i64 L_max, int T_max, int FB, const float* __restrict__ key_weight,
-                 float* __restrict__ scores, float4* __restrict__ part_s) {
+                 int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
+                 const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(BN % 32 == 0, "whole passes of 32 rows");
-    constexpr int kMaxC = D / 16, kMaxPieces = D / SC_CHUNK, kMaxM = BN / 32;
-    const int t = blockIdx.x, g = blockIdx.y;
+    constexpr int kMaxC = D / 16, kRows = BN / 32;        // rows a thread owns in a unit
+    constexpr int kStages = G <= 8 ? 3 : 2;               // units in registers (G 16: the accumulators' room)
+    const int g = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
-    const i64 row0 = (i64)t * BN;
-    if (row0 >= n) return;
-    const int nrows = (int)min((i64)BN, n - row0);
+    const int n_tiles = min(T_max, (n + BN - 1) / BN);
+    const int t_begin = blockIdx.x * tiles_per_block, t_end = min(t_begin + tiles_per_block, n_tiles);
+    if (t_begin >= t_end) return;
     const int C = D / FB;
-    const int log2p = FB == 32 ? 2 : 1, P = 1 << log2p;
-    const int M = (BN << log2p) / SC_NTHREADS;             // rows a thread owns in a run
-    const int rows_per_pass = SC_NTHREADS >> log2p;
+    const int log2p = FB == 32 ? 2 : 1;                   // 16-byte pieces of a block's row: 2 | 4
+    const int per_unit = FB == 32 ? 1 : 2;                // read blocks a unit covers
 
-    __shared__ __align__(16) float qw[kMaxPieces * G * SC_CHUNK];
+    __shared__ __align__(16) float qw[D * G];
     __shared__ int read[kMaxC];
     __shared__ int nread;
     __shared__ float s[G * BN];
     __shared__ float m[G], l[G];
     const float* wgt = key_weight + (b * KVH + g) * C;
-    if (threadIdx.x == 0) {
-        int k = 0;
-        for (int c = 0; c < C; ++c)
-            if (wgt[c] != 0.f) read[k++] = c;
-        nread = k;
+    if (warp == 0) {                                      // the read blocks, in block order
+        const bool r = lane < C && wgt[lane] != 0.f;
+        const unsigned mask = __ballot_sync(0xffffffffu, r);
+        if (r) read[__popc(mask & ((1u << lane) - 1u))] = lane;
+        if (lane == 0) nread = __popc(mask);
     }
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {   // qw[piece][h][e]
         const int h = idx / D, f = idx % D;
@@ -170,57 +174,75 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
     }
     __syncthreads();
 
-    const int piece = threadIdx.x & (P - 1), rg = threadIdx.x >> log2p;
-    const T* head = kb + (b * KVH + g) * (i64)C * L_max * FB + row0 * FB + piece * SC_CHUNK;
-    float acc[kMaxM][G];
+    const int nr = nread, units = (nr + per_unit - 1) / per_unit;   // units per tile
+    const int total = (t_end - t_begin) * units;
+    const int piece = threadIdx.x & 3, rg = threadIdx.x >> 2;
+    const int sub = piece >> log2p, within = piece & ((1 << log2p) - 1);   // which block of the unit, its piece
+    const T* kg = kb + (b * KVH + g) * (i64)C * L_max * FB + within * SC_CHUNK;
+    // The read block this lane's pieces come from in unit v of a tile (-1: the unit has no second block)
+    auto block_of = [&](int v) { const int ci = v * per_unit + sub; return ci < nr ? read[ci] : -1; };
+    auto load_unit = [&](int u, Chunk<T> (&k)[kRows]) {
+        const int t = t_begin + u / units, c = block_of(u % units);
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+        const T* run = kg + (i64)max(c, 0) * L_max * FB + row0 * FB;
 #pragma unroll
-    for (int mm = 0; mm < kMaxM; ++mm)
-#pragma unroll
-        for (int h = 0; h < G; ++h) acc[mm][h] = 0.f;
-
-    auto load_run = [&](int ci, Chunk<T> (&k)[kMaxM]) {    // this thread's pieces of read block ci
-        const T* run = head + (i64)read[ci] * L_max * FB;
-#pragma unroll
-        for (int mm = 0; mm < kMaxM; ++mm) {
-            const int j = rg + mm * rows_per_pass;
-            if (mm < M && j < nrows) k[mm].load(run + (i64)j * FB);
+        for (int mm = 0; mm < kRows; ++mm) {
+            const int j = rg + 32 * mm;
+            if (c >= 0 && j < nrows) k[mm].load(run + (i64)j * FB);
             else k[mm].zero();
         }
     };
-    const int nr = nread;
-    Chunk<T> cur[kMaxM], nxt[kMaxM];
-    if (nr > 0) load_run(0, cur);
-    for (int ci = 0; ci < nr; ++ci) {
-        if (ci + 1 < nr) load_run(ci + 1, nxt);
-        const float* qp = qw + ((read[ci] * FB) / SC_CHUNK + piece) * G * SC_CHUNK;
+
+    Chunk<T> st[kStages][kRows];
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float qh[SC_CHUNK];
-            *reinterpret_cast<float4*>(qh) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK);
-            *reinterpret_cast<float4*>(qh + 4) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK + 4);
+    for (int i = 0; i < kStages - 1; ++i)
+        if (i < total) load_unit(i, st[i]);
+    int u = 0;
+    for (int t = t_begin; t < t_end; ++t) {
+        float acc[kRows][G];
 #pragma unroll
-            for (int mm = 0; mm < kMaxM; ++mm) {
-                if (mm >= M) break;                       // FB 16: half the slots (block-uniform)
-                float kf[SC_CHUNK];
-                cur[mm].to_floats(kf);
+        for (int mm = 0; mm < kRows; ++mm)
 #pragma unroll
-                for (int e = 0; e < SC_CHUNK; ++e) acc[mm][h] = fmaf(qh[e], kf[e], acc[mm][h]);
+            for (int h = 0; h < G; ++h) acc[mm][h] = 0.f;
+        for (int v = 0; v < units; ++v, ++u) {
+            if (u + kStages - 1 < total) load_unit(u + kStages - 1, st[kStages - 1]);
+            const int c = block_of(v);                   // K is zero where c < 0: any qw row will do
+            const float* qp = qw + ((max(c, 0) * FB) / SC_CHUNK + within) * G * SC_CHUNK;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                float qh[SC_CHUNK];
+                *reinterpret_cast<float4*>(qh) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK);
+                *reinterpret_cast<float4*>(qh + 4) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK + 4);
+#pragma unroll
+                for (int mm = 0; mm < kRows; ++mm) {
+                    float kf[SC_CHUNK];
+                    st[0][mm].to_floats(kf);
+#pragma unroll
+                    for (int e = 0; e < SC_CHUNK; ++e) acc[mm][h] = fmaf(qh[e], kf[e], acc[mm][h]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kStages - 1; ++i)
+#pragma unroll
+                for (int mm = 0; mm < kRows; ++mm) st[i][mm] = st[i + 1][mm];
+        }
+        // the 4 lanes of a row hold its partial sums: add them, piece 0 writes the tile's scores
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+#pragma unroll
+        for (int mm = 0; mm < kRows; ++mm) {
+            const int j = rg + 32 * mm;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                float sc = acc[mm][h];
+                sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+                sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+                if (piece == 0) s[h * BN + j] = j < nrows ? sc : -SC_INF;
             }
         }
-#pragma unroll
-        for (int mm = 0; mm < kMaxM; ++mm) cur[mm] = nxt[mm];
+        __syncthreads();
+        tile_stats<BN>(m, l, s, G, nrows);
+        write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
     }
-    // the P lanes of a row hold its partial sums: add them, piece 0 writes the tile's scores
-#pragma unroll
-    for (int mm = 0; mm < kMaxM; ++mm) {
-        const int j = rg + mm * rows_per_pass;
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            const float sc = group_sum(acc[mm][h], P);
-            if (mm < M && piece == 0) s[h * BN + j] = j < nrows ? sc : -SC_INF;
-        }
-    }
-    __syncthreads();
-    tile_stats<BN>(m, l, s, G, nrows);
-    write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
 }

@@ -19,7 +19,7 @@ import numpy as np
 
 from santa_cupy import kernels, spec
 
-__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores"]
+__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "tiles_per_block"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -68,6 +68,7 @@ class KeyScorePass:
     key_sampling "bernoulli_block"); scale; head_offset (a multiple of G: the draws of KV head g
     use the group stream of g + head_offset // G).
 
+    tiles_per_block: the run of tiles one block of santa_score_keys scores (tiles_per_block below).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
@@ -89,6 +90,10 @@ class KeyScorePass:
         self.combine = kernels.KEY_COMBINE_CODE[setting.key_combine]
         self.R, self.budget, self.seed = setting.key_draws, setting.key_budget, setting.seed
         self.kernels = kernels.get_kernels(dtype, head_dim, group, block_n, "santa")
+        attrs = cupy.cuda.Device().attributes
+        slots = kernels.resident_blocks(self.kernels.score_keys, kernels.THREADS, 0, attrs) \
+            * attrs["MultiProcessorCount"]
+        self.tiles_per_block = tiles_per_block(self.T_max, batch * kv_heads, slots)
         self.key_weight = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
@@ -107,14 +112,29 @@ class KeyScorePass:
                (q, i32(self.H), i32(self.KVH), i32(self.D), i32(self.FB), i32(self.rule), i32(self.R),
                 f64(self.budget), i32(self.combine), u64(self.seed), step, i32(layer), i32(self.kv_offset),
                 self.key_weight, self.key_pi, self.blocks_read), threads=32)
-        launch(self.kernels.score_keys, (self.T_max, self.KVH, self.B),
+        launch(self.kernels.score_keys, (-(-self.T_max // self.tiles_per_block), self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                i32(self.FB), self.key_weight, scores, part_s))
+                i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s))
 
     def key_fraction(self):
         """[B, KVH] float32 (a new CuPy array): the fraction of each K row's blocks read by the last
         launch, i.e. of its bytes (blocks are equal runs)."""
         return self.blocks_read.astype(np.float32) / np.float32(self.C)
+
+
+MAX_TILES_PER_BLOCK = 8
+
+
+def tiles_per_block(tiles, groups, slots, overhead=0.5, max_tiles=MAX_TILES_PER_BLOCK) -> int:
+    """Tiles per block of santa_score_keys (one block per run of c tiles of a (sequence, KV head),
+    ``groups`` of them, ``slots`` resident blocks on the device): the c in 1..max_tiles minimising
+    waves(c) * (c + overhead), waves(c) = ceil(groups * ceil(tiles / c) / slots), with ``overhead``
+    a block's prologue (read list, weighted q) in tile times; ties: the smaller c. Longer runs pay
+    the prologue less often, whole waves waste no slots."""
+    def cost(c):
+        blocks = groups * -(-tiles // c)
+        return -(-blocks // slots) * (c + overhead)
+    return min(range(1, max(1, min(tiles, max_tiles)) + 1), key=lambda c: (cost(c), c))
 
 
 def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):

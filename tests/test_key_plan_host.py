@@ -47,7 +47,9 @@ def test_key_sampled_plan_launches(launches, budget, block_n):
     assert [int(a) for a in args[1:8]] == [H, KVH, D, 16, kernels.KEY_RULE_CODE["qrms"], 3, 0]
     assert float(args[7]) == 0.5 and isinstance(args[7], np.float64)
     assert int(args[8]) == 1 and int(args[11]) == 7 and int(args[12]) == 4 // (H // KVH)
-    assert score[1] == (-(-L // block_n), KVH, B) and score[3][1] is kb
+    tpb = p.key_pass.tiles_per_block
+    assert score[1] == (-(-(-(-L // block_n)) // tpb), KVH, B) and score[3][1] is kb
+    assert int(score[3][8]) == tpb and int(score[3][9]) == 16
     assert score[3][-2] is p.scores and score[3][-1] is p.part_s
     tile_args = tile[3]
     assert int(tile_args[13]) == 0                      # own_scores 0: the stash of santa_score_keys
@@ -136,3 +138,12 @@ def test_numpy_inputs_take_the_blocked_layout():
     assert np.array_equal(s, sb) and np.array_equal(ks.weight, ks_b.weight)
     with pytest.raises(ValueError, match="pass key_layout='blocked'"):
         santa_cupy.key_scores(q, kb, lengths, name)
+
+
+def test_tiles_per_block_fits_whole_waves():
+    from santa_cupy.key_pass import tiles_per_block
+    assert tiles_per_block(256, 128, 660) == 4       # B=16 32k, 8 KV heads: 12.4 waves of 4-tile runs
+    assert tiles_per_block(32, 8, 660) == 1          # a small grid keeps one tile a block
+    assert tiles_per_block(1000, 1, 660) == 2        # one long sequence: one wave of 2-tile runs
+    assert tiles_per_block(1, 1, 660) == 1
+    assert all(1 <= tiles_per_block(t, g, 500) <= 8 for t in (1, 7, 300, 5000) for g in (1, 3, 128))
