@@ -19,7 +19,7 @@ import numpy as np
 
 from santa_cupy import kernels, spec
 
-__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "tiles_per_block"]
+__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -68,14 +68,15 @@ class KeyScorePass:
     key_sampling "bernoulli_block"); scale; head_offset (a multiple of G: the draws of KV head g
     use the group stream of g + head_offset // G).
 
-    tiles_per_block: the run of tiles one block of santa_score_keys scores (tiles_per_block below).
+    tiles_per_block: the run of tiles one block of santa_score_keys scores; None: fitted
+    (fit_tiles_per_block below).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
-                 head_offset=0):
+                 head_offset=0, tiles_per_block=None):
         import cupy
 
         group = heads // kv_heads
@@ -93,7 +94,8 @@ class KeyScorePass:
         attrs = cupy.cuda.Device().attributes
         slots = kernels.resident_blocks(self.kernels.score_keys, kernels.THREADS, 0, attrs) \
             * attrs["MultiProcessorCount"]
-        self.tiles_per_block = tiles_per_block(self.T_max, batch * kv_heads, slots)
+        self.tiles_per_block = int(tiles_per_block) if tiles_per_block else fit_tiles_per_block(
+            self.T_max, batch * kv_heads, slots)
         self.key_weight = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
@@ -125,7 +127,7 @@ class KeyScorePass:
 MAX_TILES_PER_BLOCK = 8
 
 
-def tiles_per_block(tiles, groups, slots, overhead=0.5, max_tiles=MAX_TILES_PER_BLOCK) -> int:
+def fit_tiles_per_block(tiles, groups, slots, overhead=0.5, max_tiles=MAX_TILES_PER_BLOCK) -> int:
     """Tiles per block of santa_score_keys (one block per run of c tiles of a (sequence, KV head),
     ``groups`` of them, ``slots`` resident blocks on the device): the c in 1..max_tiles minimising
     waves(c) * (c + overhead), waves(c) = ceil(groups * ceil(tiles / c) / slots), with ``overhead``

@@ -239,8 +239,8 @@ class DecodePlan(_PlanLaunches):
         self.spread = cupy.empty((B, H), cupy.float32)
         self.key_pass = key_pass.KeyScorePass(
             batch=B, heads=H, kv_heads=kv_heads, head_dim=D, max_length=max_length, dtype=dtype,
-            block_n=self.block_n, setting=setting, scale=self.scale,
-            head_offset=self.head_offset) if setting.key_sampled else None
+            block_n=self.block_n, setting=setting, scale=self.scale, head_offset=self.head_offset,
+            tiles_per_block=choice.tiles_per_warp) if setting.key_sampled else None
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)

@@ -185,3 +185,30 @@ def test_plan_workspace_counts_blocks_read(combine):
         assert np.array_equal(plan.key_pass.blocks_read.get(), ref.read.sum(-1))
         assert np.array_equal(plan.info().key_fraction.get(), ref.group_fraction.astype(np.float32))
         plan.advance()
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+@pytest.mark.parametrize("FB", [16, 32])
+def test_runs_of_tiles_a_block(runs, FB):
+    """santa_score_keys with runs of several tiles a block (KernelChoice.tiles_per_warp forces it;
+    the fitted run is 1 at these sizes): the plan's stash and tile maxima against the reference,
+    the units' register pipeline crossing tile boundaries, lengths ending inside a run."""
+    from tests.gpu_util import make_plan
+    dtype, D, G, block_n = CONFIGS[0]
+    lengths = [5 * block_n + 3, 1, 2 * block_n, 3 * block_n - 7]
+    q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=runs + FB)
+    setting = _setting(block_n, key_block=FB, key_budget=0.55, key_draws=2, key_rule="qmax")
+    B, H, _ = q.shape
+    plan = make_plan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
+                     setting=setting, key_layout="blocked", tiles_per_warp=runs)
+    assert plan.key_pass.tiles_per_block == runs
+    plan.run(*to_gpu(q, key_layout.to_blocked(k, FB), v, lens), layer=1)
+    want, ref = _reference(q, k, lens, setting, step=0, layer=1)
+    got, part_s = plan.scores.get(), plan.part_s.get()
+    bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
+    for b, n in enumerate(lens):
+        err = np.abs(got[b, :, :n] - want[b, :, :n])
+        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+        for t in range(-(-n // block_n)):
+            tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
+            assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)

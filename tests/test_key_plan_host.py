@@ -57,6 +57,14 @@ def test_key_sampled_plan_launches(launches, budget, block_n):
     assert info.key_fraction.shape == (B, KVH) and info.key_fraction.dtype == np.float32
 
 
+def test_forced_run_length(launches):
+    p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
+                   _kernels=KernelChoice(tiles_per_warp=2))
+    p.run(*blocked_inputs())
+    score = launches[1]
+    assert p.key_pass.tiles_per_block == 2 and int(score[3][8]) == 2 and score[1][0] == -(-(-(-L // 128)) // 2)
+
+
 def test_key_sampled_stage_launchers_and_sample_counts(launches):
     q, kb, v, lengths = blocked_inputs(32)
     p = plan(AttentionSetting.parse(KEYS).replace(key_block=32))
@@ -141,7 +149,7 @@ def test_numpy_inputs_take_the_blocked_layout():
 
 
 def test_tiles_per_block_fits_whole_waves():
-    from santa_cupy.key_pass import tiles_per_block
+    from santa_cupy.key_pass import fit_tiles_per_block as tiles_per_block
     assert tiles_per_block(256, 128, 660) == 4       # B=16 32k, 8 KV heads: 12.4 waves of 4-tile runs
     assert tiles_per_block(32, 8, 660) == 1          # a small grid keeps one tile a block
     assert tiles_per_block(1000, 1, 660) == 2        # one long sequence: one wave of 2-tile runs
