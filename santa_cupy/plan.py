@@ -421,7 +421,7 @@ class DecodePlan(_PlanLaunches):
             raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
 
     @interop.accepts_stream
-    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None):
+    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None, layer=0):
         """The gather-add and merge stages alone: o from given sample counts.
 
         Parameters
@@ -430,6 +430,9 @@ class DecodePlan(_PlanLaunches):
         counts : [B, H, L_max] int32 CuPy array, C-contiguous
             Samples of each row; those past a sequence's length are ignored.
         out : [B, H, D] of the plan's dtype, or None (the plan's buffer)
+        layer : int
+            The RNG's layer key of the score pass's key-sampling draws (plans with key sampling:
+            the layer of the ``run`` whose scores the counts belong to).
 
         Returns
         -------
@@ -452,7 +455,7 @@ class DecodePlan(_PlanLaunches):
         out = self._output(out)
         self.rows_read.fill(0)
         if self.two_pass:
-            self._score_and_prefix(q, k_cache, lengths, pages)
+            self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts, pages)
         self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
                     self.block_n)

@@ -9,7 +9,9 @@ santa_cupy/key_pass.py) against the float64 NumPy reference (santa_cupy/key_samp
 (d) the GPU's scores unbiased over seeds (z-test, Z_MAX standard errors);
 (e) decode_attention with key sampling at S >> n against key_sampled_attention's exact softmax of
     the same estimated scores; info.key_fraction the reference's;
-(f) the plan's workspace of blocks read equals the reference's.
+(f) the plan's workspace of blocks read equals the reference's; sample_counts / run_from_counts
+    redraw the run's blocks;
+runs of several tiles a block (forced) against the reference.
 Three kernel modules (dtype, D, G, block_n), so that a cold NVRTC cache costs three compiles.
 """
 
@@ -180,10 +182,15 @@ def test_plan_workspace_counts_blocks_read(combine):
                       setting=setting, step=8, key_layout="blocked")
     qg, kbg, vg, lg = to_gpu(q, key_layout.to_blocked(k, 16), v, lens)
     for step in (8, 9):
-        plan.run(qg, kbg, vg, lg, layer=3)
+        o = as_float32(plan.run(qg, kbg, vg, lg, layer=3))
         _, ref = _reference(q, k, lens, setting, step=step, layer=3)
         assert np.array_equal(plan.key_pass.blocks_read.get(), ref.read.sum(-1))
         assert np.array_equal(plan.info().key_fraction.get(), ref.group_fraction.astype(np.float32))
+        # the standalone stages redraw the same blocks (same step and layer): the run's counts and o
+        counts = plan.sample_counts(qg, kbg, lg, layer=3)
+        assert (counts.get().sum(-1) == setting.samples).all()
+        again = as_float32(plan.run_from_counts(qg, kbg, vg, lg, counts, layer=3))
+        assert rel_l2(again, o) < 1e-3
         plan.advance()
 
 

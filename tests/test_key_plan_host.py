@@ -75,6 +75,12 @@ def test_key_sampled_stage_launchers_and_sample_counts(launches):
         launch()
     assert [name for name, *_ in launches] == full
     assert int(launches[0][3][11]) == 2 and int(launches[0][3][4]) == 32
+    launches.clear()
+    counts = p.sample_counts(q, kb, lengths, layer=2)
+    p.run_from_counts(q, kb, v, lengths, counts, layer=2)
+    names = [name for name, *_ in launches]
+    assert names[:2] == ["santa_key_blocks", "santa_score_keys"] and names.count("santa_key_blocks") == 2
+    assert all(int(a[11]) == 2 for name, _, _, a, _ in launches if name == "santa_key_blocks")
 
 
 def test_gpu_refusals(launches):
