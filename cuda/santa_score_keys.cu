@@ -135,8 +135,10 @@ santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rul
     if (lane == 0) blocks_read[b * KVH + g] = __popc(read);
 }
 
+// 3 blocks an SM at least (<= 170 registers): without a bound, ptxas spilled a few bytes at 96
+// registers in some instances (bf16 D 64 / 128, BN 64, G 8).
 template <typename T, int D, int BN, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
+__global__ void __launch_bounds__(SC_NTHREADS, 3)
 santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                  int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                  const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
