@@ -11,7 +11,7 @@ santa_cupy/key_pass.py) against the float64 NumPy reference (santa_cupy/key_samp
     the same estimated scores; info.key_fraction the reference's;
 (f) the plan's workspace of blocks read equals the reference's; sample_counts / run_from_counts
     redraw the run's blocks;
-runs of several tiles a block (forced) against the reference.
+runs of several tiles a block (forced) against the reference; the layout helpers on CuPy.
 Three kernel modules (dtype, D, G, block_n), so that a cold NVRTC cache costs three compiles.
 """
 
@@ -219,3 +219,15 @@ def test_runs_of_tiles_a_block(runs, FB):
         for t in range(-(-n // block_n)):
             tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
             assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)
+
+
+def test_layout_helpers_on_cupy():
+    """key_layout.to_blocked / from_blocked on CuPy arrays: the NumPy helpers' result, CuPy out."""
+    import cupy
+    rs = np.random.default_rng(2)
+    k = rs.integers(0, 2**16, (3, 37, 2, 64)).astype(np.uint16)
+    kb = key_layout.to_blocked(cupy.asarray(k), 32)
+    assert isinstance(kb, cupy.ndarray) and kb.flags.c_contiguous and kb.shape == (3, 2, 2, 37, 32)
+    assert np.array_equal(kb.get(), key_layout.to_blocked(k, 32))
+    back = key_layout.from_blocked(kb)
+    assert isinstance(back, cupy.ndarray) and np.array_equal(back.get(), k)
