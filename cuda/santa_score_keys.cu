@@ -8,10 +8,10 @@
 //
 // Two kernels, launched back to back (santa_cupy/key_pass.py):
 //
-// santa_key_blocks<T>: grid (KVH, B), block 32 (one warp per (b, g); lane c holds block c, C <= 32).
+// santa_key_blocks<T>: grid (KVH, B), block 32 (one warp per (b, g); lane c holds block c, C <= 8).
 //   The group's block weights w_c (rule 0 "uniform": 1; 1 "qmax": max_h ||q_h[c]||; 2 "qrms":
 //   sqrt(sum_h ||q_h[c]||^2)), pi_c = min(1, lam w_c) with lam by the reference's float64
-//   bisection (80 steps, stopping at its fixed point, where the next steps change nothing), pi
+//   bisection (80 steps, 5 a round on 31 lanes, stopping at its fixed point: key_bisect), pi
 //   rounded to float32, R draws I_{r,c} = [u_{r,c} < pi_c] from the group stream
 //   (key_sampling_uniform: unit GROUP_UNIT | (kv_offset + g), k = (r << 32) | c), and each
 //   block's Horvitz-Thompson weight, "mean" (combine 0) (count_c / R) / pi_c or "union" (1)
@@ -45,6 +45,8 @@
 #define SC_KEY_SAMPLING_TILE 0xFFFFFFFEull   // rng.KEY_SAMPLING_TILE
 #define SC_GROUP_UNIT 0x80000000ull          // rng.GROUP_UNIT
 #define SC_KEY_BISECTION_STEPS 80            // key_sampling.block_probabilities' iterations
+#define SC_KEY_LEVELS 5                      // bisection steps a round of key_bisect (31 lanes)
+#define SC_KEY_MAX_BLOCKS 8                  // C = D / FB at D <= 128 (kernels.key_sampling_supported)
 
 // x^R (R >= 1) by square-and-multiply from the lowest bit, starting at the first set bit
 // (key_sampling._int_power).
@@ -59,15 +61,49 @@ __device__ __forceinline__ double key_int_power(double x, int R) {
     return result;
 }
 
-// (1 / C) sum_c 1 - (1 - min(1, lam w_c))^R, summed over c in order: the same value on every lane
-// (lane c holds w_c; lanes >= C add nothing).
-__device__ __forceinline__ double key_read_fraction(double lam, double w, int C, int R) {
-    const int lane = threadIdx.x & 31;
-    const double pi = fmin(1.0, __dmul_rn(lam, w));
-    const double term = lane < C ? __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, pi), R)) : 0.0;
+// (1 / C) sum_c 1 - (1 - min(1, lam w_c))^R, the terms summed over c in order (wc: the C <=
+// SC_KEY_MAX_BLOCKS weights, in this lane's registers).
+__device__ __forceinline__ double key_read_fraction(double lam, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R) {
     double total = 0.0;
-    for (int c = 0; c < C; ++c) total = __dadd_rn(total, __shfl_sync(0xffffffffu, term, c));
+#pragma unroll
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
+        if (c >= C) break;
+        const double pi = fmin(1.0, __dmul_rn(lam, wc[c]));
+        total = __dadd_rn(total, __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, pi), R)));
+    }
     return __ddiv_rn(total, (double)C);
+}
+
+// The reference's bisection on [0, lam_hi] (block_probabilities: mid = (lo + hi) / 2, hi = mid
+// where the read fraction at mid exceeds the budget, else lo = mid; SC_KEY_BISECTION_STEPS steps),
+// SC_KEY_LEVELS steps a round: lane i (1..31) takes node i of the round's search tree in heap
+// order (node 1 the round's first mid, node 2i its "over" child, 2i + 1 the other), whose
+// interval it reaches by the same mids as the sequential steps would; one ballot then walks the
+// path. The walk stops at the fixed point mid == lo or mid == hi (adjacent doubles: every later
+// step leaves lo and hi as they are), so hi is the sequential bisection's, bit for bit.
+__device__ __forceinline__ double key_bisect(double lam_hi, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R,
+                                             double budget) {
+    const int lane = threadIdx.x & 31;
+    const int depth = lane ? 31 - __clz(lane) : 0;        // lane's node depth in the round's tree
+    double lo = 0.0, hi = lam_hi;
+    for (int step = 0; step < SC_KEY_BISECTION_STEPS;) {  // warp-uniform
+        double nlo = lo, nhi = hi;
+        for (int k = depth - 1; k >= 0; --k) {
+            const double mid = __dmul_rn(0.5, __dadd_rn(nlo, nhi));
+            if ((lane >> k) & 1) nlo = mid;
+            else nhi = mid;
+        }
+        const bool over = lane > 0 && key_read_fraction(__dmul_rn(0.5, __dadd_rn(nlo, nhi)), wc, C, R) > budget;
+        const unsigned mask = __ballot_sync(0xffffffffu, over);
+        int node = 1;
+        for (int level = 0; level < SC_KEY_LEVELS && step < SC_KEY_BISECTION_STEPS; ++level, ++step) {
+            const double mid = __dmul_rn(0.5, __dadd_rn(lo, hi));
+            if (mid == lo || mid == hi) return hi;
+            if ((mask >> node) & 1) { hi = mid; node = 2 * node; }
+            else { lo = mid; node = 2 * node + 1; }
+        }
+    }
+    return hi;
 }
 
 template <typename T>
@@ -100,20 +136,13 @@ santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rul
         }
     }
     // lam_hi: every positive block at pi = 1; bisection only where that reads more than the budget
+    double wc[SC_KEY_MAX_BLOCKS];                         // every lane: all C weights
+#pragma unroll
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) wc[c] = __shfl_sync(0xffffffffu, w, c);
     double w_min = lane < C && w > 0.0 ? w : SC_INF;
     for (int o = 16; o > 0; o >>= 1) w_min = fmin(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
     const double lam_hi = w_min == (double)SC_INF ? 0.0 : __ddiv_rn(1.0, w_min);
-    double lam = lam_hi;
-    if (key_read_fraction(lam_hi, w, C, R) > budget) {     // warp-uniform
-        double lo = 0.0, hi = lam_hi;
-        for (int it = 0; it < SC_KEY_BISECTION_STEPS; ++it) {
-            const double mid = __dmul_rn(0.5, __dadd_rn(lo, hi));
-            if (mid == lo || mid == hi) break;           // the fixed point: later steps change nothing
-            if (key_read_fraction(mid, w, C, R) > budget) hi = mid;
-            else lo = mid;
-        }
-        lam = hi;
-    }
+    const double lam = key_read_fraction(lam_hi, wc, C, R) > budget ? key_bisect(lam_hi, wc, C, R, budget) : lam_hi;
     const float pi = (float)fmin(1.0, __dmul_rn(lam, w));
     // the draws: group stream, k = (r << 32) | c
     const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, SC_GROUP_UNIT | (u64)(kv_offset + g));

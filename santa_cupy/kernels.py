@@ -141,6 +141,7 @@ def mma_supported(dtype_name, head_dim) -> bool:
 
 
 KEY_SAMPLING_DTYPES, KEY_SAMPLING_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # santa_score_keys' instances
+# (D / key_block <= 8 blocks: SC_KEY_MAX_BLOCKS, santa_key_blocks' registers)
 KEY_RULE_CODE = {"uniform": 0, "qmax": 1, "qrms": 2}     # santa_key_blocks' rule ("qkvar": NumPy only)
 KEY_COMBINE_CODE = {"mean": 0, "union": 1}
 

@@ -1,7 +1,8 @@
 """The block estimator's float64 arithmetic in the explicit order the GPU kernel follows
 (santa_cupy/key_sampling.py docstring, cuda/santa_score_keys.cu): a scalar model of the kernel's
 prologue, written with Python floats (IEEE double, one operation at a time), equals the reference
-bit for bit: block weights, the bisection's pi, the Horvitz-Thompson weights."""
+bit for bit: block weights, the bisection's pi (stepwise, and in the kernel's rounds of 5 steps on
+31 lanes), the Horvitz-Thompson weights."""
 
 import math
 
@@ -49,6 +50,42 @@ def model_pi(w, budget, R, iterations=80):
     return [np.float32(min(1.0, hi * x)) for x in w]
 
 
+def model_pi_rounds(w, budget, R, iterations=80, levels=5):
+    """santa_key_blocks' key_bisect: 31 lanes evaluate the next 5 steps' search tree (heap order,
+    node 2i the "over" child of node i), one ballot walks it."""
+    positive = [x for x in w if x > 0]
+    lam_hi = 1.0 / min(positive) if positive else 0.0
+    if not read_fraction(lam_hi, w, R) > budget:
+        return [np.float32(min(1.0, lam_hi * x)) for x in w]
+    lo, hi, step = 0.0, lam_hi, 0
+    while step < iterations:
+        mask = 0
+        for lane in range(1, 32):
+            nlo, nhi = lo, hi
+            for k in range(lane.bit_length() - 2, -1, -1):
+                mid = 0.5 * (nlo + nhi)
+                if (lane >> k) & 1:
+                    nlo = mid
+                else:
+                    nhi = mid
+            if read_fraction(0.5 * (nlo + nhi), w, R) > budget:
+                mask |= 1 << lane
+        node, level, done = 1, 0, False
+        while level < levels and step < iterations:
+            mid = 0.5 * (lo + hi)
+            if mid == lo or mid == hi:
+                done = True
+                break
+            if (mask >> node) & 1:
+                hi, node = mid, 2 * node
+            else:
+                lo, node = mid, 2 * node + 1
+            level, step = level + 1, step + 1
+        if done:
+            break
+    return [np.float32(min(1.0, hi * x)) for x in w]
+
+
 def model_weights(qg, FB, rule):
     """qg [G, D] float64 -> w [C]: per block the FB squares summed in order, qmax / qrms."""
     G, D = qg.shape
@@ -88,6 +125,7 @@ def test_bisection_model_equals_reference(R, budget):
         got = ks.block_probabilities(w, budget, R)
         want = np.array(model_pi(list(w), budget, R), np.float32)
         assert np.array_equal(got, want), (trial, got, want)
+        assert np.array_equal(got, np.array(model_pi_rounds(list(w), budget, R), np.float32)), trial
 
 
 @pytest.mark.parametrize("rule", ["uniform", "qmax", "qrms"])
