@@ -109,11 +109,20 @@ class KeyScorePass:
         dtype), lengths [B] int32, step [1] int64 (device), layer int -> scores [B, H, L_max] float32
         (rows j < lengths[b]) and part_s [B, H, T_max, 4] float32 (tiles of the lengths).
         ``launch``: kernels.launch or a plan's own (same arguments)."""
-        i32, i64, u64, f32, f64 = kernels.i32, kernels.i64, kernels.u64, kernels.f32, kernels.f64
+        self.launch_blocks(q, step, layer, launch)
+        self.launch_scores(q, kb, lengths, scores, part_s, launch)
+
+    def launch_blocks(self, q, step, layer, launch=kernels.launch):
+        """santa_key_blocks alone: key_weight, key_pi, blocks_read from q and the RNG keys."""
+        i32, u64, f64 = kernels.i32, kernels.u64, kernels.f64
         launch(self.kernels.key_blocks, (self.KVH, self.B),
                (q, i32(self.H), i32(self.KVH), i32(self.D), i32(self.FB), i32(self.rule), i32(self.R),
                 f64(self.budget), i32(self.combine), u64(self.seed), step, i32(layer), i32(self.kv_offset),
                 self.key_weight, self.key_pi, self.blocks_read), threads=32)
+
+    def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
+        """santa_score_keys alone, on the blocks of the last launch_blocks."""
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         launch(self.kernels.score_keys, (-(-self.T_max // self.tiles_per_block), self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                 i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s))

@@ -9,7 +9,7 @@ today on the standard layout (santa_score_mma, the automatic choice, and santa_s
 pass the blocked kernel is built like). Each line: µs per pass, K bytes read (measured from the
 blocks the draws selected), TB/s, and for the blocked pass the fraction of the proportional saving
 achieved, (t_1 - t_f) / (t_1 (1 - f)) with t_1 the time at budget 1 and f the fraction read
-(issue #17's target: >= 0.85). Writes stash and tile stats to scratch buffers; nothing else runs.
+(issue #17's target: >= 0.85); also santa_key_blocks' time alone (the draws: latency, not bytes). Writes stash and tile stats to scratch buffers; nothing else runs.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def main() -> int:
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
                           block_n=args.block_n, setting=setting, scale=scale)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
+        us_blocks = time_us(cupy, lambda: kp.launch_blocks(q, step, 0), args.reps)
         fraction = float(kp.blocks_read.sum().get()) / (B * KVH * kp.C)
         read = k_bytes * fraction
         if budget == 1.0:
@@ -98,7 +99,8 @@ def main() -> int:
         if t_full is not None and fraction < 1.0:
             saving = f"{(t_full - us) / (t_full * (1.0 - fraction)):7.2f}"
         print(f"{'blocked key sampling, budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
-              f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}")
+              f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (santa_key_blocks alone {us_blocks:.1f} us, "
+              f"{kp.tiles_per_block} tiles a block)")
     if t_full is None:
         print("(no budget 1.0 in --budgets: the saving needs its time)")
     return 0
