@@ -8,6 +8,9 @@ santa_cupy.key_scores on CuPy inputs. The estimator is the NumPy reference's
 (santa_cupy/key_sampling.py, key_sampling "bernoulli_block"): the same pi, masks and weights bit
 for bit, scores in float32.
 
+K bytes of blocks no draw selected are never read: a NaN or inf there does not reach the scores
+(the reference, which multiplies them by a zero weight, gives NaN).
+
 Supported: key_sampling "bernoulli_block", rules "uniform" | "qmax" | "qrms" (not "qkvar", which
 needs statistics of K the cache does not keep), both combines, R 1..256, FB 16 | 32, fp16 / bf16
 at head_dim 64 / 128, contiguous caches (no paged blocked layout).
