@@ -2,7 +2,8 @@
 
 The public API: ``decode_attention`` (one call), ``DecodePlan`` (repeated calls of one shape on the
 GPU), ``AttentionSetting`` (the estimator both take), ``AttentionInfo`` (their diagnostics) and
-``clear_plan_cache``; ``key_scores`` (the estimated scores of a key-sampling setting, NumPy only).
+``clear_plan_cache``; ``key_scores`` (the estimated scores of a key-sampling setting); the
+blocked K layout of GPU key sampling: ``santa_cupy.key_layout``.
 """
 
 from santa_cupy.attention import clear_plan_cache, decode_attention, key_scores

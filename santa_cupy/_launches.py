@@ -55,7 +55,7 @@ class _PlanLaunches:
                     q, k_cache, v_cache, lengths, self.out, pages)
                 if self.santa_from > self.L_max:
                     return stages
-            stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from)
+            stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
             stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
             if self.finish_in_kernel:
                 stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
@@ -66,7 +66,7 @@ class _PlanLaunches:
                                                       self.merge_stride)
             return stages
         if self.two_pass:
-            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages)
+            stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(
             q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
         stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n, self.merge_stride)
@@ -84,15 +84,20 @@ class _PlanLaunches:
         self._launch(self._dense_fn, (self.KVH, self.dense_pairs), args + pages,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
-    def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0):
+    def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0, layer=0):
         """The score pass (stash and tile stats), then santa_prefix (the comb's cdf, lse, rows_read
         zeroed; the Hamilton allocation for the largest remainder budget). santa_from: the warp
         pipeline's dense fallback (shorter sequences skipped); rows_read: a scratch buffer for the
-        standalone stages, so as not to clear the last run's."""
-        self._score(q, k_cache, lengths, pages, santa_from)
+        standalone stages, so as not to clear the last run's; layer: the key-sampling draws' RNG key."""
+        self._score(q, k_cache, lengths, pages, santa_from, layer)
         self._prefix(lengths, rows_read, santa_from)
 
-    def _score(self, q, k_cache, lengths, pages, santa_from=0):
+    def _score(self, q, k_cache, lengths, pages, santa_from=0, layer=0):
+        """santa_score / santa_score_mma, or with key sampling santa_key_blocks + santa_score_keys on
+        the blocked K (key_pass.KeyScorePass: the same stash and tile stats)."""
+        if self.key_pass is not None:
+            self.key_pass.launch(q, k_cache, lengths, self.step, layer, self.scores, self.part_s, launch=self._launch)
+            return
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":

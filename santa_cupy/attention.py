@@ -12,21 +12,19 @@ import threading
 
 import numpy as np
 
-from santa_cupy import interop, paged, reference, spec
+from santa_cupy import interop, key_layout as key_layouts, key_pass, paged, reference, spec
 from santa_cupy.info import AttentionInfo
-from santa_cupy.plan import DecodePlan
+from santa_cupy.plan import DecodePlan, check_standard_keys
 from santa_cupy.setting import AttentionSetting
 
 __all__ = ["AttentionInfo", "DecodePlan", "clear_plan_cache", "decode_attention", "key_scores"]
 
-KEY_SAMPLING_CPU_ONLY = ("key sampling runs on the NumPy reference only so far (santa_cupy.key_sampling): pass "
-                         "NumPy arrays, or key_sampling='none' on the GPU")
 
 
 @interop.accepts_stream
 def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, layer=0, scale=None, return_info=False,
                      return_counts=False, out=None, lse_hint=None, block_table=None, page_layout="NHD",
-                     head_offset=0, **setting_fields):
+                     head_offset=0, key_layout="standard", **setting_fields):
     """One decode step of attention for every sequence and head.
 
     Parameters
@@ -70,6 +68,12 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
         The global index of q's first head: the head index of the RNG key of head 0 (tensor
         parallelism: a rank holding heads h0 .. h0 + H - 1 of a model passes h0 and draws the
         samples the whole model's heads draw); 0 otherwise.
+    key_layout : str
+        "standard" (k_cache [B, L_max, KVH, D]) or "blocked": k_cache is [B, KVH, C, L_max, FB]
+        (santa_cupy.key_layout.to_blocked with FB = key_block), the layout block key sampling
+        needs on the GPU; NumPy inputs take it too (converted back for the reference). A rank-5
+        k_cache without key_layout="blocked" is a ValueError, and so is "blocked" without
+        key_sampling="bernoulli_block".
 
     Returns
     -------
@@ -86,12 +90,15 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     is a ValueError; NaN or +inf among a head's scores (NaN/inf in K within the length) makes that
     head's output NaN.
 
-    Key sampling (``key_sampling`` "bernoulli" | "bernoulli_block", santa_cupy.key_sampling) runs on
-    the NumPy reference only so far: the scores are estimated from part of K (keyed by (seed, step,
-    layer) on their own RNG stream), then the value stage of ``method`` runs on them (dense: the
-    exact softmax of the estimated scores; santa: SANTA sampling from them), in float64;
-    ``info.lse`` is the estimated scores' and ``info.key_fraction`` the fraction of K read. GPU
-    inputs with key sampling raise NotImplementedError.
+    Key sampling (``key_sampling`` "bernoulli" | "bernoulli_block", santa_cupy.key_sampling): the
+    scores are estimated from part of K (keyed by (seed, step, layer) on their own RNG stream),
+    then the value stage of ``method`` runs on them (dense: the exact softmax of the estimated
+    scores; santa: SANTA sampling from them); ``info.lse`` is the estimated scores' and
+    ``info.key_fraction`` the fraction of K read. NumPy inputs run every estimator in float64. On
+    the GPU: "bernoulli_block" with method santa, rules uniform | qmax | qrms, fp16 / bf16 at head
+    dim 64 / 128, K in key_layout="blocked" (santa_cupy/key_pass.py: the reference's blocks,
+    scores in float32, only the selected K blocks read); other key-sampling settings, or a
+    standard-layout K, raise NotImplementedError.
 
     On the GPU the call checks the lengths on the host (a sync) and reuses a DecodePlan from a
     cache of PLAN_CACHE_SIZE (keyed by device, stream, shape, dtype, scale, setting, paged
@@ -102,8 +109,14 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
     out = interop.as_out(out)
     setting = AttentionSetting.from_fields(setting, **setting_fields)      # validates the fields
-    if setting.key_sampled and spec.is_cupy_array(q):
-        raise NotImplementedError(KEY_SAMPLING_CPU_ONLY)
+    blocked_k = None                      # the GPU's blocked K (k_cache then stands for its standard shape)
+    if _blocked_keys(k_cache, v_cache, setting, key_layout, block_table):
+        if spec.is_cupy_array(q):
+            blocked_k, k_cache = k_cache, v_cache
+        else:
+            k_cache = key_layouts.from_blocked(k_cache)
+    elif setting.key_sampled and spec.is_cupy_array(q):
+        raise NotImplementedError(key_pass.BLOCKED_ONLY)
     method, samples, sampler, budget, seed = setting.method, setting.samples, setting.sampler, setting.budget, \
         setting.seed
     block_n = setting.resolved_block_n(q.shape[-1] if getattr(q, "ndim", 0) == 3 else None)
@@ -122,6 +135,10 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     else:
         shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=method, samples=samples,
                                             sampler=sampler, budget=budget, scale=scale, block_n=block_n)
+    if blocked_k is not None:
+        key_pass.validate_blocked_keys(blocked_k, batch=shape.B, kv_heads=shape.KVH, head_dim=shape.D,
+                                       max_length=shape.L_max, key_block=setting.key_block, dtype=shape.dtype_name)
+        k_cache = blocked_k
     _check_int("step", step, 0, 2**63 - 1)
     _check_int("layer", layer, 0, 2**31 - 1)          # the kernels take it as a C int
     _check_int("head_offset", head_offset, 0, 2**31 - 1 - shape.H)
@@ -160,12 +177,13 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     hint = cupy.ascontiguousarray(hint, dtype=cupy.float32) if one_pass else None
     key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, shape.B, shape.H, shape.KVH, shape.D,
            shape.L_max, shape.dtype_name, shape.scale, setting, None if pages is None else pages[1], page_layout,
-           head_offset)
+           head_offset, key_layout)
     with _plans.lock:                     # one caller at a time on a cached plan's workspaces
         plan = _plans.get(key, lambda: DecodePlan(
             batch=shape.B, heads=shape.H, kv_heads=shape.KVH, head_dim=shape.D, max_length=shape.L_max,
             dtype=shape.dtype_name, setting=setting, scale=shape.scale, step=step,
-            page_size=None if pages is None else pages[1], page_layout=page_layout, head_offset=head_offset))
+            page_size=None if pages is None else pages[1], page_layout=page_layout, head_offset=head_offset,
+            key_layout=key_layout))
         plan.step.fill(step)              # the plan's device step counter (a cached plan's is the last call's)
         o = plan.run(q, k_cache, v_cache, lengths, layer=layer, out=out, validate=False, lse_hint=hint,
                      block_table=table)
@@ -180,7 +198,7 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
 
 
 def key_scores(q, k_cache, lengths, setting=None, *, step=0, layer=0, scale=None, out_dtype=np.float32,
-               **setting_fields):
+               key_layout="standard", **setting_fields):
     """The estimated scaled scores of a key-sampling setting: [B, H, L_max] ``out_dtype`` (float32
     by default, or float64; -inf at positions >= lengths[b]) and the KeySamplingInfo
     (santa_cupy.key_sampling: ``key_fraction``, the pieces read, the inclusion probabilities).
@@ -191,12 +209,28 @@ def key_scores(q, k_cache, lengths, setting=None, *, step=0, layer=0, scale=None
     key-sampling fields and the seed matter here (key_sampling "none": the exact scores). The
     random numbers are decode_attention's for the same setting, step and layer, so these are the
     scores its key-sampled call attends over. For tests and for one's own estimators on the
-    scores."""
+    scores.
+
+    ``key_layout`` "blocked": k_cache is [B, KVH, C, L_max, FB] (santa_cupy.key_layout.to_blocked).
+    CuPy inputs need it and run the GPU's score pass (santa_cupy/key_pass.py: key_sampling
+    "bernoulli_block", rules uniform | qmax | qrms, fp16 / bf16, head dim 64 / 128): scores
+    [B, H, L_max] float32 CuPy (the plan's stash; -inf past lengths) and a KeySamplingInfo of CuPy
+    arrays (pi, the blocks read and their weights bit for bit the reference's; ``selected`` None);
+    out_dtype must then be float32."""
     from santa_cupy import key_sampling
 
     setting = AttentionSetting.from_fields(setting, **setting_fields)
+    key_layouts.check_key_layout(key_layout)
     if spec.is_cupy_array(q):
-        raise NotImplementedError(KEY_SAMPLING_CPU_ONLY)
+        if key_layout != "blocked":
+            raise NotImplementedError(key_pass.BLOCKED_ONLY)
+        if np.dtype(out_dtype) != np.float32:
+            raise ValueError(f"the GPU's key scores are float32, got out_dtype={out_dtype!r}")
+        return key_pass.gpu_key_scores(q, k_cache, lengths, setting, step=step, layer=layer, scale=scale)
+    if key_layout == "blocked":
+        k_cache = key_layouts.from_blocked(k_cache)
+    else:
+        check_standard_keys(k_cache)
     return key_sampling.key_scores(q, k_cache, lengths, seed=setting.seed, step=step, layer=layer, scale=scale,
                                    out_dtype=out_dtype, **setting.key_options)
 
@@ -231,6 +265,21 @@ def clear_plan_cache() -> None:
     per device, stream, shape, dtype, scale, setting and paged layout), freeing their workspaces
     (to CuPy's memory pool)."""
     _plans.clear()
+
+
+def _blocked_keys(k_cache, v_cache, setting, key_layout, block_table) -> bool:
+    """Whether k_cache is in the blocked layout (key_layout "blocked"), after the checks: a rank-5
+    K without it, "blocked" without block key sampling or with a block table: ValueError."""
+    key_layouts.check_key_layout(key_layout)
+    if key_layout == "standard":
+        check_standard_keys(k_cache)
+        return False
+    if setting.key_sampling != "bernoulli_block":
+        raise ValueError(f"key_layout='blocked' is the layout of block key sampling: it needs "
+                         f"key_sampling='bernoulli_block', got {setting.key_sampling!r}")
+    if block_table is not None:
+        raise ValueError("key_layout='blocked' has no paged form: pass a contiguous cache (no block_table)")
+    return True
 
 
 def _owned(info: AttentionInfo) -> AttentionInfo:

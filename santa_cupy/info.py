@@ -28,7 +28,8 @@ class AttentionInfo:
         lse_hint)); ``samples`` for the other budgets; None for dense.
     key_fraction : [B, KVH] float32 or None
         Fraction of the K bytes of each sequence's rows that the KV group reads: 1 without key
-        sampling; with it (santa_cupy.key_sampling, NumPy only so far) the fraction of the row's
+        sampling; with it (santa_cupy.key_sampling; on the GPU measured from the blocks the
+        kernel read, santa_cupy/key_pass.py) the fraction of the row's
         pieces read (blocks for "bernoulli_block", 32-byte sectors of 2-byte storage for
         "bernoulli"), the same for every row of the sequence. The fraction of the whole call is
         ``(key_fraction * lengths[:, None]).sum() / (lengths.sum() * KVH)``. None from

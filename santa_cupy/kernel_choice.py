@@ -56,7 +56,8 @@ class KernelChoice:
         (staged, then added on tensor cores); "auto": a warp kernel where it applies (not for the
         fixed budget on a small cache), on tensor cores where a tile is expected to select many rows.
     tiles_per_warp: None (fitted to the occupancy) or the run length of the one-warp-per-run
-        kernels (score pass, warp pass 2, one pass).
+        kernels (score pass, warp pass 2, one pass), and of the one-block-per-run santa_score_keys
+        (block key sampling's score pass).
     dense_splits: None (whole waves of resident blocks) or the dense kernel's splits a KV group.
     self_merge_max_splits: the dense kernel merges in its last block up to this many splits.
     fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.

@@ -29,7 +29,9 @@ SOURCE_FILES = (
     "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "merge.cuh",
     "santa_sample.cuh",
     "santa_gather.cuh",
-    "decode_dense.cu", "santa_score.cu", "santa_prefix.cu", "santa_tile.cu",
+    "decode_dense.cu", "santa_score.cu",
+    "santa_score_keys.cu",   # after santa_score.cu (write_tile_stash)
+    "santa_prefix.cu", "santa_tile.cu",
     "santa_one_pass.cu",     # after santa_tile.cu (load_slice, warp_list_rows)
     "merge.cu",
 )
@@ -97,6 +99,9 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
                  prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
         names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
+    if key_sampling_supported(dtype_name, head_dim):     # block key sampling's pass 1 (key_pass.py)
+        names["key_blocks"] = f"santa_key_blocks<{t}>"
+        names["score_keys"] = f"santa_score_keys<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # they follow / use the mma scores
         names["one_pass"] = f"santa_one_pass<{t}, {d}, {bn}, {g}>"          # the one-pass budget's kernel
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp; kFinish
@@ -133,6 +138,18 @@ MMA_DTYPES, MMA_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # decode_dense_
 def mma_supported(dtype_name, head_dim) -> bool:
     """Whether the tensor-core dense kernel (v4) has an instance for this dtype and head_dim."""
     return dtype_name in MMA_DTYPES and head_dim in MMA_HEAD_DIMS
+
+
+KEY_SAMPLING_DTYPES, KEY_SAMPLING_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # santa_score_keys' instances
+# (D / key_block <= 8 blocks: SC_KEY_MAX_BLOCKS, santa_key_blocks' registers)
+KEY_RULE_CODE = {"uniform": 0, "qmax": 1, "qrms": 2}     # santa_key_blocks' rule ("qkvar": NumPy only)
+KEY_COMBINE_CODE = {"mean": 0, "union": 1}
+
+
+def key_sampling_supported(dtype_name, head_dim) -> bool:
+    """Whether block key sampling (santa_key_blocks + santa_score_keys) has an instance for this
+    dtype and head_dim."""
+    return dtype_name in KEY_SAMPLING_DTYPES and head_dim in KEY_SAMPLING_HEAD_DIMS
 
 
 def dense_smem_bytes(dtype_name, head_dim, group, kernel="stream") -> int:
@@ -209,6 +226,8 @@ class KernelSet:
     tile_warp_mma_finish: object = None
     one_pass: object = None
     prefix: object = None
+    key_blocks: object = None
+    score_keys: object = None
 
 
 @functools.lru_cache(maxsize=None)

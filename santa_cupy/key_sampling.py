@@ -4,7 +4,9 @@ that read only part of K (Bernoulli qK^T, the paper's score-stage sampling). flo
 Public entry points: an AttentionSetting with key_sampling "bernoulli" | "bernoulli_block" (name part
 ``/keys=...``, santa_cupy/setting.py) in ``santa_cupy.decode_attention`` on NumPy inputs (which runs
 key_sampled_attention below), ``santa_cupy.key_scores`` (key_scores below, float32 by default) and
-llama_min's CPU decoder. No GPU kernel yet: GPU inputs raise NotImplementedError.
+llama_min's CPU decoder. The GPU runs "bernoulli_block" (rules uniform | qmax | qrms) on a
+feature-blocked K (santa_cupy/key_layout.py, santa_cupy/key_pass.py, cuda/santa_score_keys.cu):
+the same pi, masks and weights as this reference, bit for bit, scores in float32.
 
 Shapes: B sequences, H query heads, KVH KV heads, G = H // KVH heads per group (head h reads KV
 head h // G), D head dim, L_max cache rows, R draws, FB features per block, C = D // FB blocks.
@@ -58,6 +60,11 @@ Random numbers: rng.key_sampling_uniform (stream KEY_SAMPLING_TILE); per-head st
 group streams unit = rng.GROUP_UNIT | g. p_i is float32: ``float32(|q_i|) / float32(alpha)`` with q
 rounded to float32 first; pi is rounded to float32 before the comparison and the 1/pi weight. A
 kernel that uses the same float32 p (IEEE division) and the same float32 pi gets bit-identical masks.
+For that the block probabilities are float64 arithmetic in one explicit order (the GPU kernel,
+cuda/santa_score_keys.cu, follows it): ||q_h[c]||^2 sums the FB squares in feature order, "qrms"
+sums those over the G heads in head order; the read fraction sums its C terms in block order and
+divides by C; (1 - pi)^R is square-and-multiply (_int_power), never libm's pow; the bisection's
+mid = 0.5 * (lo + hi) and min(1, lam * w_c) are single IEEE operations.
 (``u`` lies on the 2**-24 grid, so P(u < p) = ceil(p * 2**24) / 2**24: a bias below 6e-8 relative.)
 """
 
@@ -102,6 +109,8 @@ class KeySamplingInfo:
     selected: "bernoulli": [B, H, R, D] bool (draw r of head h includes feature i);
         "bernoulli_block": [B, KVH, R, C] bool; "none": None.
     prob: "bernoulli": p [B, H, D] float32; "bernoulli_block": pi [B, KVH, C] float32; else None.
+    weight: "bernoulli_block": the Horvitz-Thompson weight of each block [B, KVH, C] (float64 here,
+        float32 from the GPU; 0 for a block no draw read); else None.
     """
 
     key_fraction: float
@@ -111,6 +120,7 @@ class KeySamplingInfo:
     feature_fraction: np.ndarray
     selected: np.ndarray | None = None
     prob: np.ndarray | None = None
+    weight: np.ndarray | None = None
 
 
 # ------------------------------------------------------------------------------ validation
@@ -187,9 +197,9 @@ def block_weights(q, kv_heads, key_block, rule, k_var=None):
     if rule == "uniform":
         return np.ones((B, KVH, C))
     if rule == "qmax":
-        return np.sqrt((qb * qb).sum(axis=-1)).max(axis=2)
+        return np.sqrt(_block_sq_norms(qb).max(axis=2))  # = max_h of the norms (sqrt is monotone)
     if rule == "qrms":
-        return np.sqrt((qb * qb).sum(axis=(2, 4)))
+        return np.sqrt(_sum_in_order(_block_sq_norms(qb), axis=2))
     if rule == "qkvar":
         if k_var is None:
             raise ValueError('key_rule="qkvar" needs k_var [B, KVH, D]')
@@ -198,9 +208,41 @@ def block_weights(q, kv_heads, key_block, rule, k_var=None):
     raise ValueError(f"key_rule must be one of {KEY_RULES}, got {rule!r}")
 
 
+def _sum_in_order(x, axis):
+    """float64 sum over ``axis`` taken one term after the other in index order (NumPy's own sum
+    is pairwise, in an order that depends on the memory layout): an order a kernel repeats."""
+    x = np.moveaxis(np.asarray(x, dtype=F64), axis, -1)
+    total = np.zeros(x.shape[:-1])
+    for i in range(x.shape[-1]):
+        total = total + x[..., i]
+    return total
+
+
+def _block_sq_norms(qb):
+    """||q_h[c]||^2 [B, KVH, G, C] float64 of qb [B, KVH, G, C, FB]: the FB squares summed in
+    feature order."""
+    return _sum_in_order(qb * qb, axis=-1)
+
+
+def _int_power(x, R):
+    """x**R (float64, R >= 1 an int) by square-and-multiply from the lowest bit of R, the result
+    starting at the first set bit: IEEE multiplications in an order a kernel repeats (NumPy's
+    ``**`` calls libm's pow, which a GPU does not reproduce bit for bit)."""
+    x = np.asarray(x, dtype=F64)
+    result, base, r = None, x, int(R)
+    while r:
+        if r & 1:
+            result = base if result is None else result * base
+        r >>= 1
+        if r:
+            base = base * base
+    return result
+
+
 def _read_fraction(pi, R):
-    """Expected fraction of blocks read by R independent draws: mean_c 1 - (1 - pi_c)^R."""
-    return (1.0 - (1.0 - pi) ** R).mean(axis=-1)
+    """Expected fraction of blocks read by R independent draws: (1 / C) sum_c 1 - (1 - pi_c)^R,
+    summed over c in order, the power by _int_power (the kernel's order: cuda/santa_score_keys.cu)."""
+    return _sum_in_order(1.0 - _int_power(1.0 - pi, R), axis=-1) / pi.shape[-1]
 
 
 def block_probabilities(w, budget, R=1, iterations=80):
@@ -291,7 +333,7 @@ def _bernoulli(q, G, R, crn, combine, sector_features, seed, step, layer):
 def _bernoulli_block(q, k_cache, lengths, G, R, FB, budget, variance, rule, combine, k_var, scale, seed, step,
                      layer):
     """-> (q_bar [B, H, D] float64, selected [B, KVH, R, C], pi [B, KVH, C] f32, read [B, KVH, C],
-    expected [B, KVH])."""
+    expected [B, KVH], weight [B, KVH, C] float64: each block's Horvitz-Thompson weight)."""
     B, H, D = q.shape
     KVH, C = H // G, D // FB
     if rule == "qkvar" and k_var is None:
@@ -308,12 +350,12 @@ def _bernoulli_block(q, k_cache, lengths, G, R, FB, budget, variance, rule, comb
     if combine == "mean":
         weight = selected.mean(axis=2) / safe  # [B, KVH, C]
     else:
-        p_union = 1.0 - (1.0 - pi64) ** R
+        p_union = 1.0 - _int_power(1.0 - pi64, R)
         weight = selected.any(axis=2) / np.where(p_union > 0, p_union, 1.0)
     qf = ref.to_float64(q).reshape(B, KVH, G, C, FB)
     q_bar = (qf * weight[:, :, None, :, None]).reshape(B, H, D)
     read = selected.any(axis=2)
-    return q_bar, selected, pi, read, _read_fraction(pi64, R)
+    return q_bar, selected, pi, read, _read_fraction(pi64, R), weight
 
 
 def key_scores(
@@ -367,7 +409,7 @@ def key_scores(
     if k_var is not None and np.shape(k_var) != (B, KVH, D):
         raise ValueError(f"k_var must have shape (B, KVH, D) = {(B, KVH, D)}, got {np.shape(k_var)}")
     R, FB = int(key_draws), int(key_block)
-    selected = prob = None
+    selected = prob = weight = None
     if key_sampling == "none":
         q_bar = ref.to_float64(q)
         read = np.ones((B, KVH, 1), dtype=bool)
@@ -378,7 +420,7 @@ def key_scores(
             q, G, R, bool(key_crn), key_combine, int(sector_features), seed, step, layer
         )
     else:
-        q_bar, selected, prob, read, expected = _bernoulli_block(
+        q_bar, selected, prob, read, expected, weight = _bernoulli_block(
             q, k_cache, lengths, G, R, FB, float(key_budget), key_variance, key_rule, key_combine, k_var,
             shape.scale, seed, step, layer
         )
@@ -394,6 +436,7 @@ def key_scores(
         feature_fraction=feature_used.mean(axis=-1),
         selected=selected,
         prob=prob,
+        weight=weight,
     )
     return scores, info
 

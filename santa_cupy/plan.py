@@ -11,6 +11,9 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
         global / largest_remainder: santa_score -> santa_prefix -> santa_tile -> santa_merge
         fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
   santa, budget one_pass: santa_one_pass (score + sample + gather) -> santa_merge
+  santa with block key sampling (key_layout="blocked", santa_cupy/key_pass.py): santa_key_blocks
+        (pi, draws, weights per KV group) -> santa_score_keys (the stash and tile stats from the
+        selected K blocks only) -> santa_prefix -> santa_tile -> santa_merge, every budget
 
 Which kernels: santa_cupy/kernel_choice.py (derived from the shape, the setting and the device;
 overridden by bench and tests through the internal ``_kernels`` argument). The launches:
@@ -24,7 +27,7 @@ import math
 
 import numpy as np
 
-from santa_cupy import interop, kernels, paged, spec
+from santa_cupy import interop, kernels, key_layout, key_pass, paged, spec
 from santa_cupy._launches import _PlanLaunches
 from santa_cupy.info import AttentionInfo
 from santa_cupy.kernel_choice import KernelChoice, resolve
@@ -72,6 +75,12 @@ class DecodePlan(_PlanLaunches):
     head_offset : int
         The global index of the plan's first query head in the RNG keys (a tensor-parallel rank's
         first head; 0 otherwise), see ``decode_attention``.
+    key_layout : str
+        "standard": k_cache [B, L_max, KVH, D]; "blocked": [B, KVH, C, L_max, FB]
+        (santa_cupy.key_layout.to_blocked, FB = the setting's key_block), the layout of block key
+        sampling (key_sampling "bernoulli_block", santa_cupy/key_pass.py: method santa, rules
+        uniform | qmax | qrms, fp16 / bf16 at head_dim 64 / 128, contiguous caches), which then
+        reads only the K blocks its draws select. V keeps the standard layout.
     **setting_fields
         method, samples, sampler, budget, seed, block_n, santa_min_length: change those fields of
         ``setting`` (``DecodePlan(..., samples=64)``).
@@ -80,6 +89,9 @@ class DecodePlan(_PlanLaunches):
     ----------
     out : [B, H, D] of dtype; lse, spread : [B, H] float32; rows_read : [B, KVH] int32
         The last run's outputs (``info()`` gathers them); step : [1] int64, the device step.
+    key_pass : santa_cupy.key_pass.KeyScorePass or None
+        With key sampling: its workspaces (key_weight, key_pi [B, KVH, C] float32, blocks_read
+        [B, KVH] int32: the K blocks of each row the last run read).
     setting : AttentionSetting
         The plan's estimator; also method, samples, sampler, budget, seed, block_n, santa_from.
 
@@ -88,8 +100,8 @@ class DecodePlan(_PlanLaunches):
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype="bfloat16", setting=None, scale=None,
-                 step=0, page_size=None, page_layout="NHD", head_offset=0, _kernels=None, _dense_rows=None,
-                 **setting_fields):
+                 step=0, page_size=None, page_layout="NHD", head_offset=0, key_layout="standard", _kernels=None,
+                 _dense_rows=None, **setting_fields):
         cupy = _import_cupy()
         if isinstance(head_offset, bool) or not isinstance(head_offset, (int, np.integer)) \
                 or not 0 <= head_offset <= 2**31 - 1 - heads:                      # the kernels' C int
@@ -97,12 +109,14 @@ class DecodePlan(_PlanLaunches):
         self.head_offset = int(head_offset)
 
         setting = AttentionSetting.from_fields(setting, **setting_fields)
-        if setting.key_sampled:
-            raise NotImplementedError(f"key sampling ({setting}) runs on the NumPy reference only so far "
-                                      "(santa_cupy.decode_attention with NumPy arrays); no GPU kernel yet")
         choice = KernelChoice() if _kernels is None else _kernels
         if not isinstance(choice, KernelChoice):
             raise TypeError(f"_kernels must be a santa_cupy.kernel_choice.KernelChoice, got {type(choice).__name__}")
+        self.key_layout = key_layout_choice(setting, key_layout, page_size, dtype=dtype, head_dim=head_dim,
+                                            group=heads // kv_heads if kv_heads and heads % kv_heads == 0 else 1,
+                                            head_offset=self.head_offset)
+        if setting.key_sampled:              # santa_score_keys' route: the block pass 2 and santa_merge
+            choice = key_sampling_choice(choice)
         self.setting, self._choice = setting, choice
         self._checked_kernels = set()        # kernels whose launch arguments _launch has checked
         method, samples, sampler, budget = setting.method, setting.samples, setting.sampler, setting.budget
@@ -155,7 +169,9 @@ class DecodePlan(_PlanLaunches):
         # a score pass (stash + tile stats) and the prefix first: every santa plan but the fixed
         # budget on the block kernel, which scores its tiles itself
         self._warp = method == "santa" and self.tile_kernel in ("warp", "warp_mma")
-        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp) and not self.one_pass
+        # (key sampling: its score pass for every budget, santa_tile never scores K itself)
+        two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp or setting.key_sampled) \
+            and not self.one_pass
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
         # score pass (static shared memory only) and the warp pass 2 (its gather)
         self._score_warp_kernel = (self.kernels.score_mma, 0)
@@ -221,6 +237,10 @@ class DecodePlan(_PlanLaunches):
         else:
             self.drawn = cupy.full((B, H), self.samples, cupy.int32) if method == "santa" else None
         self.spread = cupy.empty((B, H), cupy.float32)
+        self.key_pass = key_pass.KeyScorePass(
+            batch=B, heads=H, kv_heads=kv_heads, head_dim=D, max_length=max_length, dtype=dtype,
+            block_n=self.block_n, setting=setting, scale=self.scale, head_offset=self.head_offset,
+            tiles_per_block=choice.tiles_per_warp) if setting.key_sampled else None
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)
@@ -368,7 +388,7 @@ class DecodePlan(_PlanLaunches):
             return out
         self.rows_read.fill(0)
         if self.two_pass:
-            self._score_and_prefix(q, k_cache, lengths, pages)
+            self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
         self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
         return out
@@ -377,6 +397,11 @@ class DecodePlan(_PlanLaunches):
         """The inputs' shapes and dtypes against the plan's (no data read), and a paged plan's block
         table (a host sync)."""
         layout = self.page_layout if self.page_size is not None else None
+        if self.key_pass is not None:        # blocked K: V stands in for K in the standard checks
+            self.key_pass.check_keys(k_cache)
+            k_cache = v_cache
+        else:
+            check_standard_keys(k_cache)
         shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
                                             samples=self.samples, sampler=self.sampler, budget=self.budget,
                                             scale=self.scale, block_n=self.block_n, check_lengths=False,
@@ -396,7 +421,7 @@ class DecodePlan(_PlanLaunches):
             raise ValueError(f"{what} is for the budgets with sample counts, not {spec.ONE_PASS!r}")
 
     @interop.accepts_stream
-    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None):
+    def run_from_counts(self, q, k_cache, v_cache, lengths, counts, *, out=None, block_table=None, layer=0):
         """The gather-add and merge stages alone: o from given sample counts.
 
         Parameters
@@ -405,6 +430,9 @@ class DecodePlan(_PlanLaunches):
         counts : [B, H, L_max] int32 CuPy array, C-contiguous
             Samples of each row; those past a sequence's length are ignored.
         out : [B, H, D] of the plan's dtype, or None (the plan's buffer)
+        layer : int
+            The RNG's layer key of the score pass's key-sampling draws (plans with key sampling:
+            the layer of the ``run`` whose scores the counts belong to).
 
         Returns
         -------
@@ -427,7 +455,7 @@ class DecodePlan(_PlanLaunches):
         out = self._output(out)
         self.rows_read.fill(0)
         if self.two_pass:
-            self._score_and_prefix(q, k_cache, lengths, pages)
+            self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts, pages)
         self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
                     self.block_n)
@@ -443,14 +471,17 @@ class DecodePlan(_PlanLaunches):
     def info(self) -> AttentionInfo:
         """Diagnostics of the last run: an AttentionInfo of views of the plan's buffers (lse,
         spread [B, H] float32, rows_read [B, KVH] int32, dense_fallback [B] bool, samples_drawn
-        [B, H] int32 or None), overwritten by the next run; counts is None (``sample_counts``)."""
+        [B, H] int32 or None), overwritten by the next run; counts is None (``sample_counts``);
+        key_fraction [B, KVH] float32 with key sampling (a new array: the fraction of each K row's
+        blocks the last run read), else None."""
         if self.method == "dense":
             import cupy
             rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
             return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
                                  dense_fallback=cupy.ones((self.B,), bool))
         return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
-                             dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn)
+                             dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn,
+                             key_fraction=None if self.key_pass is None else self.key_pass.key_fraction())
 
     @interop.accepts_stream
     def sample_counts(self, q, k_cache, lengths, *, layer=0, block_table=None):
@@ -469,6 +500,55 @@ class DecodePlan(_PlanLaunches):
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
         if self.two_pass:                  # the stash the fused run samples from
-            self._score_and_prefix(q, k_cache, lengths, pages, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32))
+            self._score_and_prefix(q, k_cache, lengths, pages, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32),
+                                   layer=layer)
         self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts, pages)
         return counts
+
+
+def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group, head_offset=0):
+    """The plan's key layout, checked against its setting: key sampling on the GPU needs
+    "blocked" (NotImplementedError saying so for "standard"), "blocked" needs block key sampling
+    (ValueError), a paged cache has no blocked form (ValueError); the GPU's limits of key sampling
+    (key_pass.check_gpu_key_setting)."""
+    key_layout = _check_key_layout(key_layout)
+    if not setting.key_sampled:
+        if key_layout == "blocked":
+            raise ValueError(f"key_layout='blocked' is the layout of block key sampling: it needs "
+                             f"key_sampling='bernoulli_block' (the setting {str(setting)!r} has none); pass "
+                             "a standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
+        return key_layout
+    if setting.method != "santa":
+        raise NotImplementedError(f"key sampling on the GPU runs with method 'santa' (its value stage reads the "
+                                  f"score pass's stash), got {setting.method!r}; method 'dense' with key sampling "
+                                  "runs on the NumPy reference")
+    key_pass.check_gpu_key_setting(setting, dtype=dtype, head_dim=head_dim, group=group, head_offset=head_offset)
+    if key_layout != "blocked":
+        raise NotImplementedError(f"{key_pass.BLOCKED_ONLY} (setting {setting})")
+    if page_size is not None:
+        raise ValueError("key_layout='blocked' has no paged form: key sampling on the GPU needs a contiguous cache "
+                         "(page_size=None)")
+    return key_layout
+
+
+def _check_key_layout(value):
+    return key_layout.check_key_layout(value)            # (the module; key_layout_choice's argument shadows it)
+
+
+def key_sampling_choice(choice: KernelChoice) -> KernelChoice:
+    """A key-sampled plan's kernels: its own score pass (santa_score_keys, in place of santa_score)
+    and the block pass 2 that follows santa_score (santa_tile, santa_merge); a forced mma score
+    pass or warp pass 2 is a ValueError."""
+    if choice.score_kernel not in ("auto", "stream") or choice.tile_kernel not in ("auto", "block"):
+        raise ValueError(f"key sampling has its own score pass and the block pass 2: score_kernel must be 'auto' or "
+                         f"'stream' and tile_kernel 'auto' or 'block', got score_kernel={choice.score_kernel!r}, "
+                         f"tile_kernel={choice.tile_kernel!r}")
+    return dataclasses.replace(choice, score_kernel="stream", tile_kernel="block")
+
+
+def check_standard_keys(k_cache):
+    """A rank-5 K given to a plan or call without key_layout='blocked': ValueError saying so."""
+    if getattr(k_cache, "ndim", 0) == 5:
+        raise ValueError(f"k_cache has rank 5, the blocked key layout [B, KVH, C, L_max, FB] "
+                         f"({spec.describe(k_cache)}): pass key_layout='blocked' with key_sampling='bernoulli_block', "
+                         "or a standard [B, L_max, KVH, D] K")

@@ -20,7 +20,7 @@ One name format, ``str(setting)`` and ``AttentionSetting.parse``::
     dense/keys=block:FB=32,f=0.75,rule=qrms
     dense/keys=bernoulli:R=8,combine=union
 
-The key-sampling part (santa_cupy.key_sampling, the NumPy reference only so far) comes last:
+The key-sampling part (santa_cupy.key_sampling; on the GPU block sampling on a blocked K) comes last:
 ``keys=block:`` (key_sampling "bernoulli_block") with ``FB=<key_block>`` and either
 ``f=<key_budget>`` (the expected fraction of K read) or ``v=<key_variance>`` (a variance target in
 nats^2 per head that sets the fraction per group), or ``keys=bernoulli:R=<key_draws>`` (the
@@ -79,8 +79,9 @@ class AttentionSetting:
         plan's crossover for the shape and device, 0 (or 1) santa at every length. The NumPy
         reference always runs the estimator asked for.
     key_sampling : str
-        Score-stage sampling (santa_cupy.key_sampling; NumPy reference only so far, a GPU call
-        raises NotImplementedError): ``"none"`` (exact scores, the default), ``"bernoulli"``
+        Score-stage sampling (santa_cupy.key_sampling; the GPU runs "bernoulli_block" with rules
+        uniform | qmax | qrms on K in key_layout="blocked", santa_cupy/key_pass.py; other GPU calls
+        raise NotImplementedError): ``"none"`` (exact scores, the default), ``"bernoulli"``
         (per-feature stochastic ternary query) or ``"bernoulli_block"`` (one Horvitz-Thompson
         decision per block of ``key_block`` features and KV group). The value stage is ``method``'s
         (dense: exact softmax of the estimated scores; santa: SANTA sampling on them).

@@ -152,7 +152,7 @@ def check_block_n(block_n):
         raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n!r}")
 
 
-# score-stage (key) sampling, santa_cupy.key_sampling (NumPy reference only so far)
+# score-stage (key) sampling, santa_cupy.key_sampling (GPU: santa_cupy/key_pass.py)
 KEY_SAMPLINGS = ("none", "bernoulli", "bernoulli_block")
 KEY_BLOCKS = (16, 32)                 # features per block of the block estimator
 KEY_RULES = ("uniform", "qmax", "qrms", "qkvar")

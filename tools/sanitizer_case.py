@@ -71,6 +71,17 @@ for page_size, layout in ((16, "NHD"), (24, "HND"), (1, "NHD")):
                      block_n=64, lse_hint=cupy.zeros((B, H), cupy.float32))
 DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
            santa_min_length=100).run(q, k, v, lengths)
+# block key sampling on the blocked K (santa_key_blocks + santa_score_keys): FB 16 / 32, both
+# combines, every budget, runs of 1 and several tiles a block (decode_attention's plan and key_scores)
+from santa_cupy import key_layout, key_scores  # noqa: E402
+for FB, combine in ((16, "mean"), (32, "union")):
+    kb = key_layout.to_blocked(k, FB)
+    for budget in spec.BUDGETS:
+        decode_attention(q, kb, v, lengths, samples=40, budget=budget, block_n=64, key_layout="blocked",
+                         key_sampling="bernoulli_block", key_block=FB, key_budget=0.5, key_rule="qrms",
+                         key_draws=2, key_combine=combine)
+    key_scores(q, kb, lengths, key_sampling="bernoulli_block", key_block=FB, key_budget=0.3, key_rule="qmax",
+               key_layout="blocked")
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
 from llama_min import ops as decoder_ops  # noqa: E402
 x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))

@@ -21,7 +21,7 @@ half() {   # name, test files...
 }
 P=${PART:-all}
 [ "$P" = decoder ] || half attention tests/test_gpu_kernels.py tests/test_gpu_contracts.py tests/test_gpu_paged.py tests/test_gpu_jax.py \
-  tests/test_fuzz_api.py tests/test_gpu_interop.py tests/test_gpu_one_pass.py
+  tests/test_fuzz_api.py tests/test_gpu_interop.py tests/test_gpu_one_pass.py tests/test_gpu_key_sampling.py
 [ "$P" = attention ] || half decoder tests/test_gpu_decoder.py tests/test_gpu_gemv.py tests/test_gpu_sampling.py tests/test_model.py \
   tests/test_paged_cache.py tests/test_gpu_ruler.py tests/test_gpu_examples.py tests/test_evaluate.py tests/test_bench.py \
   tests/test_default_model.py tests/test_attention_hook.py

@@ -1,0 +1,279 @@
+// santa_score_keys.cu — S2ANTA pass 1 (score stage) with block key sampling ("bernoulli_block",
+// santa_cupy/key_sampling.py) on the feature-blocked K cache: it reads only the K blocks a draw
+// selected.
+//
+// K layout (santa_cupy/key_layout.py): kb [B, KVH, C, L_max, FB], C = D / FB, FB = 16 | 32 (a
+// runtime argument): the rows of block c of KV head g are one contiguous run of L_max * FB
+// elements. q [B, H, D]; heads g*G .. g*G + G - 1 read KV head g. Contiguous caches only.
+//
+// Two kernels, launched back to back (santa_cupy/key_pass.py):
+//
+// santa_key_blocks<T>: grid (KVH, B), block 32 (one warp per (b, g); lane c holds block c, C <= 8).
+//   The group's block weights w_c (rule 0 "uniform": 1; 1 "qmax": max_h ||q_h[c]||; 2 "qrms":
+//   sqrt(sum_h ||q_h[c]||^2)), pi_c = min(1, lam w_c) with lam by the reference's float64
+//   bisection (80 steps, 5 a round on 31 lanes, stopping at its fixed point: key_bisect), pi
+//   rounded to float32, R draws I_{r,c} = [u_{r,c} < pi_c] from the group stream
+//   (key_sampling_uniform: unit GROUP_UNIT | (kv_offset + g), k = (r << 32) | c), and each
+//   block's Horvitz-Thompson weight, "mean" (combine 0) (count_c / R) / pi_c or "union" (1)
+//   1 / (1 - (1 - pi_c)^R) where any draw selected it, else 0. Every float64 operation is an
+//   explicit _rn intrinsic in the order santa_cupy/key_sampling.py documents (no FMA
+//   contraction), so pi and the masks equal the NumPy reference's bit for bit.
+//   Writes key_weight[b, g, c] (float32), key_pi[b, g, c] (float32), blocks_read[b, g] (int32:
+//   blocks with a nonzero weight, the K blocks santa_score_keys reads per row).
+//
+// santa_score_keys<T, D, BN, G>: grid (ceil(T_max / tiles_per_block), KVH, B), block SC_NTHREADS
+//   (128); block x takes the run of tiles [x * tpb, min((x + 1) * tpb, n_tiles)) of (b, g), tile t
+//   the rows [t*BN, min((t+1)*BN, n_b)); blocks past n_b exit at once. Writes exactly what
+//   santa_score writes (santa_prefix, santa_tile and santa_merge follow unchanged): scores[b, h, j]
+//   = scale * sum_{c read} key_weight[b, g, c] * q_h[c] . K_j[c] (float32, for j < n_b) and
+//   part_s[b, h, t] = (m_t, l_t, 0, 0). It reads key_weight and only the runs of the blocks with a
+//   nonzero weight (the union over the draws), in units of one tile and 32 features: one read block
+//   (FB 32) or two (FB 16). Thread i owns the 16-byte piece i mod 4 of the unit's rows
+//   i / 4 + 32 m (m < BN / 32), so a warp reads 8 rows x 64 contiguous bytes of each run it touches
+//   (FB 32: 512 bytes of one run; FB 16: 256 bytes of each of two). Units stream through
+//   kStages register buffers across the run's tiles: while one unit is multiplied the next
+//   kStages - 1 are loading, through a tile's stash and stats too. Partial dot products add over the
+//   units in block order, then over the 4 lanes of a row (a fixed order: a re-run writes the same
+//   bits). The block's prologue (the read list, scale * weight * q) is paid once per run.
+//   Shared memory (static): qw [D/8][G][8] f32 (scale * weight_c * q, per 8-feature piece) |
+//   read [C] i32 | s [G][BN] f32 | m, l [G] f32.
+#include "common.cuh"
+#include "tile.cuh"
+// santa_score.cu: write_tile_stash (kernels.py concatenates the files in this order)
+#include "santa_score.cu"
+
+#define SC_KEY_SAMPLING_TILE 0xFFFFFFFEull   // rng.KEY_SAMPLING_TILE
+#define SC_GROUP_UNIT 0x80000000ull          // rng.GROUP_UNIT
+#define SC_KEY_BISECTION_STEPS 80            // key_sampling.block_probabilities' iterations
+#define SC_KEY_LEVELS 5                      // bisection steps a round of key_bisect (31 lanes)
+#define SC_KEY_MAX_BLOCKS 8                  // C = D / FB at D <= 128 (kernels.key_sampling_supported)
+
+// x^R (R >= 1) by square-and-multiply from the lowest bit, starting at the first set bit
+// (key_sampling._int_power).
+__device__ __forceinline__ double key_int_power(double x, int R) {
+    double result = 1.0, base = x;
+    bool first = true;
+    while (R) {
+        if (R & 1) { result = first ? base : __dmul_rn(result, base); first = false; }
+        R >>= 1;
+        if (R) base = __dmul_rn(base, base);
+    }
+    return result;
+}
+
+// (1 / C) sum_c 1 - (1 - min(1, lam w_c))^R, the terms summed over c in order (wc: the C <=
+// SC_KEY_MAX_BLOCKS weights, in this lane's registers).
+__device__ __forceinline__ double key_read_fraction(double lam, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R) {
+    double total = 0.0;
+#pragma unroll
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
+        if (c >= C) break;
+        const double pi = fmin(1.0, __dmul_rn(lam, wc[c]));
+        total = __dadd_rn(total, __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, pi), R)));
+    }
+    return __ddiv_rn(total, (double)C);
+}
+
+// The reference's bisection on [0, lam_hi] (block_probabilities: mid = (lo + hi) / 2, hi = mid
+// where the read fraction at mid exceeds the budget, else lo = mid; SC_KEY_BISECTION_STEPS steps),
+// SC_KEY_LEVELS steps a round: lane i (1..31) takes node i of the round's search tree in heap
+// order (node 1 the round's first mid, node 2i its "over" child, 2i + 1 the other), whose
+// interval it reaches by the same mids as the sequential steps would; one ballot then walks the
+// path. The walk stops at the fixed point mid == lo or mid == hi (adjacent doubles: every later
+// step leaves lo and hi as they are), so hi is the sequential bisection's, bit for bit.
+__device__ __forceinline__ double key_bisect(double lam_hi, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R,
+                                             double budget) {
+    const int lane = threadIdx.x & 31;
+    const int depth = lane ? 31 - __clz(lane) : 0;        // lane's node depth in the round's tree
+    double lo = 0.0, hi = lam_hi;
+    for (int step = 0; step < SC_KEY_BISECTION_STEPS;) {  // warp-uniform
+        double nlo = lo, nhi = hi;
+        for (int k = depth - 1; k >= 0; --k) {
+            const double mid = __dmul_rn(0.5, __dadd_rn(nlo, nhi));
+            if ((lane >> k) & 1) nlo = mid;
+            else nhi = mid;
+        }
+        const bool over = lane > 0 && key_read_fraction(__dmul_rn(0.5, __dadd_rn(nlo, nhi)), wc, C, R) > budget;
+        const unsigned mask = __ballot_sync(0xffffffffu, over);
+        int node = 1;
+        for (int level = 0; level < SC_KEY_LEVELS && step < SC_KEY_BISECTION_STEPS; ++level, ++step) {
+            const double mid = __dmul_rn(0.5, __dadd_rn(lo, hi));
+            if (mid == lo || mid == hi) return hi;
+            if ((mask >> node) & 1) { hi = mid; node = 2 * node; }
+            else { lo = mid; node = 2 * node + 1; }
+        }
+    }
+    return hi;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32)
+santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rule, int R, double budget,
+                 int combine, u64 seed, const i64* __restrict__ step, int layer, int kv_offset,
+                 float* __restrict__ key_weight, float* __restrict__ key_pi, int* __restrict__ blocks_read) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    const int g = blockIdx.x, lane = threadIdx.x;
+    const i64 b = blockIdx.y;
+    const int G = H / KVH, C = D / FB;
+    // w_c: the FB squares in feature order per head, heads in order (qrms) or their max (qmax)
+    double w = 0.0;
+    if (lane < C) {
+        if (rule == 0) {
+            w = 1.0;
+        } else {
+            double heads = 0.0;
+            for (int h = 0; h < G; ++h) {
+                const T* qh = q + (b * H + (i64)g * G + h) * D + lane * FB;
+                double norm = 0.0;
+                for (int i = 0; i < FB; ++i) {
+                    const double x = (double)to_float(qh[i]);
+                    norm = __dadd_rn(norm, __dmul_rn(x, x));
+                }
+                heads = rule == 1 ? fmax(heads, norm) : __dadd_rn(heads, norm);
+            }
+            w = __dsqrt_rn(heads);
+        }
+    }
+    // lam_hi: every positive block at pi = 1; bisection only where that reads more than the budget
+    double wc[SC_KEY_MAX_BLOCKS];                         // every lane: all C weights
+#pragma unroll
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) wc[c] = __shfl_sync(0xffffffffu, w, c);
+    double w_min = lane < C && w > 0.0 ? w : SC_INF;
+    for (int o = 16; o > 0; o >>= 1) w_min = fmin(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
+    const double lam_hi = w_min == (double)SC_INF ? 0.0 : __ddiv_rn(1.0, w_min);
+    const double lam = key_read_fraction(lam_hi, wc, C, R) > budget ? key_bisect(lam_hi, wc, C, R, budget) : lam_hi;
+    const float pi = (float)fmin(1.0, __dmul_rn(lam, w));
+    // the draws: group stream, k = (r << 32) | c
+    const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, SC_GROUP_UNIT | (u64)(kv_offset + g));
+    int count = 0;
+    if (lane < C)
+        for (int r = 0; r < R; ++r)
+            count += uniform01(key, SC_KEY_SAMPLING_TILE, ((u64)r << 32) | (u64)lane) < pi;
+    double weight = 0.0;
+    if (count > 0) {
+        weight = combine == 0 ? __ddiv_rn(__ddiv_rn((double)count, (double)R), (double)pi)
+                              : __ddiv_rn(1.0, __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, (double)pi), R)));
+    }
+    const i64 at = (b * KVH + g) * C + lane;
+    if (lane < C) {
+        key_weight[at] = (float)weight;
+        key_pi[at] = pi;
+    }
+    const unsigned read = __ballot_sync(0xffffffffu, lane < C && count > 0);
+    if (lane == 0) blocks_read[b * KVH + g] = __popc(read);
+}
+
+// 3 blocks an SM at least (<= 170 registers): without a bound, ptxas spilled a few bytes at 96
+// registers in some instances (bf16 D 64 / 128, BN 64, G 8).
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS, 3)
+santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
+                 int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
+                 const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    static_assert(BN % 32 == 0, "whole passes of 32 rows");
+    constexpr int kMaxC = D / 16, kRows = BN / 32;        // rows a thread owns in a unit
+    constexpr int kStages = G <= 8 ? 3 : 2;               // units in registers (G 16: the accumulators' room)
+    const int g = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int n_tiles = min(T_max, (n + BN - 1) / BN);
+    const int t_begin = blockIdx.x * tiles_per_block, t_end = min(t_begin + tiles_per_block, n_tiles);
+    if (t_begin >= t_end) return;
+    const int C = D / FB;
+    const int log2p = FB == 32 ? 2 : 1;                   // 16-byte pieces of a block's row: 2 | 4
+    const int per_unit = FB == 32 ? 1 : 2;                // read blocks a unit covers
+
+    __shared__ __align__(16) float qw[D * G];
+    __shared__ int read[kMaxC];
+    __shared__ int nread;
+    __shared__ float s[G * BN];
+    __shared__ float m[G], l[G];
+    const float* wgt = key_weight + (b * KVH + g) * C;
+    if (warp == 0) {                                      // the read blocks, in block order
+        const bool r = lane < C && wgt[lane] != 0.f;
+        const unsigned mask = __ballot_sync(0xffffffffu, r);
+        if (r) read[__popc(mask & ((1u << lane) - 1u))] = lane;
+        if (lane == 0) nread = __popc(mask);
+    }
+    for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {   // qw[piece][h][e]
+        const int h = idx / D, f = idx % D;
+        const float x = to_float(q[(b * H + (i64)g * G + h) * D + f]);
+        qw[((f / SC_CHUNK) * G + h) * SC_CHUNK + f % SC_CHUNK] = scale * wgt[f / FB] * x;
+    }
+    __syncthreads();
+
+    const int nr = nread, units = (nr + per_unit - 1) / per_unit;   // units per tile
+    const int total = (t_end - t_begin) * units;
+    const int piece = threadIdx.x & 3, rg = threadIdx.x >> 2;
+    const int sub = piece >> log2p, within = piece & ((1 << log2p) - 1);   // which block of the unit, its piece
+    const T* kg = kb + (b * KVH + g) * (i64)C * L_max * FB + within * SC_CHUNK;
+    // The read block this lane's pieces come from in unit v of a tile (-1: the unit has no second block)
+    auto block_of = [&](int v) { const int ci = v * per_unit + sub; return ci < nr ? read[ci] : -1; };
+    auto load_unit = [&](int u, Chunk<T> (&k)[kRows]) {
+        const int t = t_begin + u / units, c = block_of(u % units);
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+        const T* run = kg + (i64)max(c, 0) * L_max * FB + row0 * FB;
+#pragma unroll
+        for (int mm = 0; mm < kRows; ++mm) {
+            const int j = rg + 32 * mm;
+            if (c >= 0 && j < nrows) k[mm].load(run + (i64)j * FB);
+            else k[mm].zero();
+        }
+    };
+
+    Chunk<T> st[kStages][kRows];
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i)
+        if (i < total) load_unit(i, st[i]);
+    int u = 0;
+    for (int t = t_begin; t < t_end; ++t) {
+        float acc[kRows][G];
+#pragma unroll
+        for (int mm = 0; mm < kRows; ++mm)
+#pragma unroll
+            for (int h = 0; h < G; ++h) acc[mm][h] = 0.f;
+        for (int v = 0; v < units; ++v, ++u) {
+            if (u + kStages - 1 < total) load_unit(u + kStages - 1, st[kStages - 1]);
+            const int c = block_of(v);                   // K is zero where c < 0: any qw row will do
+            const float* qp = qw + ((max(c, 0) * FB) / SC_CHUNK + within) * G * SC_CHUNK;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                float qh[SC_CHUNK];
+                *reinterpret_cast<float4*>(qh) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK);
+                *reinterpret_cast<float4*>(qh + 4) = *reinterpret_cast<const float4*>(qp + h * SC_CHUNK + 4);
+#pragma unroll
+                for (int mm = 0; mm < kRows; ++mm) {
+                    float kf[SC_CHUNK];
+                    st[0][mm].to_floats(kf);
+#pragma unroll
+                    for (int e = 0; e < SC_CHUNK; ++e) acc[mm][h] = fmaf(qh[e], kf[e], acc[mm][h]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kStages - 1; ++i)
+#pragma unroll
+                for (int mm = 0; mm < kRows; ++mm) st[i][mm] = st[i + 1][mm];
+        }
+        // the 4 lanes of a row hold its partial sums: add them, piece 0 writes the tile's scores
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+#pragma unroll
+        for (int mm = 0; mm < kRows; ++mm) {
+            const int j = rg + 32 * mm;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                float sc = acc[mm][h];
+                sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+                sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+                if (piece == 0) s[h * BN + j] = j < nrows ? sc : -SC_INF;
+            }
+        }
+        __syncthreads();
+        tile_stats<BN>(m, l, s, G, nrows);
+        write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
+    }
+}

@@ -1,0 +1,200 @@
+"""Block key sampling's score pass on the GPU: santa_key_blocks + santa_score_keys
+(cuda/santa_score_keys.cu) on a feature-blocked K (santa_cupy/key_layout.py).
+
+``KeyScorePass`` holds the pass's workspaces for one shape and setting and launches its two
+kernels; what it writes is santa_score's stash and tile stats, so DecodePlan runs its block
+pipeline after it unchanged (santa_prefix -> santa_tile -> santa_merge). ``gpu_key_scores`` is
+santa_cupy.key_scores on CuPy inputs. The estimator is the NumPy reference's
+(santa_cupy/key_sampling.py, key_sampling "bernoulli_block"): the same pi, masks and weights bit
+for bit, scores in float32.
+
+K bytes of blocks no draw selected are never read: a NaN or inf there does not reach the scores
+(the reference, which multiplies them by a zero weight, gives NaN).
+
+Supported: key_sampling "bernoulli_block", rules "uniform" | "qmax" | "qrms" (not "qkvar", which
+needs statistics of K the cache does not keep), both combines, R 1..256, FB 16 | 32, fp16 / bf16
+at head_dim 64 / 128, contiguous caches (no paged blocked layout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from santa_cupy import kernels, spec
+
+__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block"]
+
+BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
+                "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
+                "layout")
+
+
+def check_gpu_key_setting(setting, *, dtype, head_dim, group, head_offset=0):
+    """NotImplementedError / ValueError unless the GPU runs this key-sampling setting
+    (santa_cupy.AttentionSetting with key_sampled) at this dtype, head_dim and group."""
+    if setting.key_sampling != "bernoulli_block":
+        raise NotImplementedError(f"key_sampling={setting.key_sampling!r} runs on the NumPy reference only; the GPU "
+                                  "has key_sampling='bernoulli_block'")
+    if setting.key_rule not in kernels.KEY_RULE_CODE:
+        raise NotImplementedError(f"key_rule={setting.key_rule!r} runs on the NumPy reference only (it needs the "
+                                  f"variance of K per feature); the GPU has key_rule in {tuple(kernels.KEY_RULE_CODE)}")
+    if not kernels.key_sampling_supported(dtype, head_dim):
+        raise NotImplementedError(f"block key sampling on the GPU needs dtype in {kernels.KEY_SAMPLING_DTYPES} and "
+                                  f"head_dim in {kernels.KEY_SAMPLING_HEAD_DIMS}, got dtype={dtype!r}, "
+                                  f"head_dim={head_dim}")
+    if head_offset % group:
+        raise ValueError(f"key sampling keys its draws by KV group: head_offset must be a multiple of "
+                         f"heads // kv_heads = {group}, got {head_offset}")
+
+
+def validate_blocked_keys(kb, *, batch, kv_heads, head_dim, max_length, key_block, dtype):
+    """kb must be a C-contiguous CuPy array [B, KVH, C, L_max, FB] of the storage dtype
+    (key_layout.to_blocked of a [B, L_max, KVH, D] K); ValueError / TypeError naming what is off."""
+    want = (batch, kv_heads, head_dim // key_block, max_length, key_block)
+    if not spec.is_cupy_array(kb) or getattr(kb, "ndim", 0) != 5:
+        raise ValueError(f"k_cache must be the blocked layout [B, KVH, C, L_max, FB] = {want} as a cupy array "
+                         f"(santa_cupy.key_layout.to_blocked), got {spec.describe(kb)}")
+    if tuple(kb.shape) != want:
+        raise ValueError(f"k_cache (blocked) must have shape [B, KVH, C, L_max, FB] = {want} (FB = key_block "
+                         f"{key_block}), got {tuple(kb.shape)}")
+    if spec.DTYPE_NAMES.get(np.dtype(kb.dtype)) != dtype:
+        raise TypeError(f"k_cache dtype {kb.dtype} must be q's ({dtype})")
+    if not kb.flags.c_contiguous:
+        raise ValueError(f"k_cache (blocked) must be C-contiguous, got strides {tuple(kb.strides)}")
+
+
+class KeyScorePass:
+    """Workspaces and launches of the block key-sampled score pass for one shape and setting.
+
+    Parameters: batch, heads, kv_heads, head_dim, max_length (B, H, KVH, D, L_max); dtype
+    "float16" | "bfloat16"; block_n (rows per tile); setting (an AttentionSetting with
+    key_sampling "bernoulli_block"); scale; head_offset (a multiple of G: the draws of KV head g
+    use the group stream of g + head_offset // G).
+
+    tiles_per_block: the run of tiles one block of santa_score_keys scores; None: fitted
+    (fit_tiles_per_block below).
+    Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
+    Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
+    blocks_read [B, KVH] int32 (blocks of each K row read).
+    """
+
+    def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
+                 head_offset=0, tiles_per_block=None):
+        import cupy
+
+        group = heads // kv_heads
+        check_gpu_key_setting(setting, dtype=dtype, head_dim=head_dim, group=group, head_offset=head_offset)
+        self.B, self.H, self.KVH, self.D, self.L_max = batch, heads, kv_heads, head_dim, max_length
+        self.dtype, self.block_n, self.scale = dtype, block_n, float(scale)
+        self.FB = setting.key_block
+        self.C = head_dim // self.FB
+        self.T_max = -(-max_length // block_n)
+        self.kv_offset = head_offset // group
+        self.rule = kernels.KEY_RULE_CODE[setting.key_rule]
+        self.combine = kernels.KEY_COMBINE_CODE[setting.key_combine]
+        self.R, self.budget, self.seed = setting.key_draws, setting.key_budget, setting.seed
+        self.kernels = kernels.get_kernels(dtype, head_dim, group, block_n, "santa")
+        attrs = cupy.cuda.Device().attributes
+        slots = kernels.resident_blocks(self.kernels.score_keys, kernels.THREADS, 0, attrs) \
+            * attrs["MultiProcessorCount"]
+        self.tiles_per_block = int(tiles_per_block) if tiles_per_block else fit_tiles_per_block(
+            self.T_max, batch * kv_heads, slots)
+        self.key_weight = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
+        self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
+        self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
+
+    def check_keys(self, kb):
+        validate_blocked_keys(kb, batch=self.B, kv_heads=self.KVH, head_dim=self.D, max_length=self.L_max,
+                              key_block=self.FB, dtype=self.dtype)
+
+    def launch(self, q, kb, lengths, step, layer, scores, part_s, launch=kernels.launch):
+        """The two kernels on the current stream: q [B, H, D], kb [B, KVH, C, L_max, FB] (storage
+        dtype), lengths [B] int32, step [1] int64 (device), layer int -> scores [B, H, L_max] float32
+        (rows j < lengths[b]) and part_s [B, H, T_max, 4] float32 (tiles of the lengths).
+        ``launch``: kernels.launch or a plan's own (same arguments)."""
+        self.launch_blocks(q, step, layer, launch)
+        self.launch_scores(q, kb, lengths, scores, part_s, launch)
+
+    def launch_blocks(self, q, step, layer, launch=kernels.launch):
+        """santa_key_blocks alone: key_weight, key_pi, blocks_read from q and the RNG keys."""
+        i32, u64, f64 = kernels.i32, kernels.u64, kernels.f64
+        launch(self.kernels.key_blocks, (self.KVH, self.B),
+               (q, i32(self.H), i32(self.KVH), i32(self.D), i32(self.FB), i32(self.rule), i32(self.R),
+                f64(self.budget), i32(self.combine), u64(self.seed), step, i32(layer), i32(self.kv_offset),
+                self.key_weight, self.key_pi, self.blocks_read), threads=32)
+
+    def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
+        """santa_score_keys alone, on the blocks of the last launch_blocks."""
+        i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        launch(self.kernels.score_keys, (-(-self.T_max // self.tiles_per_block), self.KVH, self.B),
+               (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
+                i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s))
+
+    def key_fraction(self):
+        """[B, KVH] float32 (a new CuPy array): the fraction of each K row's blocks read by the last
+        launch, i.e. of its bytes (blocks are equal runs)."""
+        return self.blocks_read.astype(np.float32) / np.float32(self.C)
+
+
+MAX_TILES_PER_BLOCK = 8
+
+
+def fit_tiles_per_block(tiles, groups, slots, overhead=0.5, max_tiles=MAX_TILES_PER_BLOCK) -> int:
+    """Tiles per block of santa_score_keys (one block per run of c tiles of a (sequence, KV head),
+    ``groups`` of them, ``slots`` resident blocks on the device): the c in 1..max_tiles minimising
+    waves(c) * (c + overhead), waves(c) = ceil(groups * ceil(tiles / c) / slots), with ``overhead``
+    a block's prologue (read list, weighted q) in tile times; ties: the smaller c. Longer runs pay
+    the prologue less often, whole waves waste no slots."""
+    def cost(c):
+        blocks = groups * -(-tiles // c)
+        return -(-blocks // slots) * (c + overhead)
+    return min(range(1, max(1, min(tiles, max_tiles)) + 1), key=lambda c: (cost(c), c))
+
+
+def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
+    """santa_cupy.key_scores on CuPy inputs (key_layout="blocked"): (scores [B, H, L_max] float32,
+    -inf at positions >= lengths[b]; a KeySamplingInfo of CuPy arrays: group_fraction [B, KVH]
+    float64 measured from the blocks read, expected_group_fraction, read [B, KVH, C] bool, prob
+    = pi [B, KVH, C] float32, weight [B, KVH, C] float32, selected None; key_fraction a float, a
+    host sync). q [B, H, D] fp16 / bf16, kb [B, KVH, C, L_max, FB] (key_layout.to_blocked),
+    lengths [B] integer in 1..L_max."""
+    import cupy
+
+    from santa_cupy.key_sampling import KeySamplingInfo
+
+    if getattr(q, "ndim", 0) != 3 or getattr(kb, "ndim", 0) != 5 or getattr(lengths, "ndim", 0) != 1:
+        raise ValueError(f"q must be [B, H, D], k_cache (blocked) [B, KVH, C, L_max, FB], lengths [B]; got q "
+                         f"{spec.describe(q)}, k_cache {spec.describe(kb)}, lengths {spec.describe(lengths)}")
+    B, H, D = q.shape
+    _, KVH, _, L_max, _ = kb.shape
+    spec._check_heads(H, KVH, D)
+    dtype = spec.DTYPE_NAMES.get(np.dtype(q.dtype))
+    check_gpu_key_setting(setting, dtype=dtype, head_dim=D, group=H // KVH)
+    validate_blocked_keys(kb, batch=B, kv_heads=KVH, head_dim=D, max_length=L_max, key_block=setting.key_block,
+                          dtype=dtype)
+    if not q.flags.c_contiguous or tuple(lengths.shape) != (B,) or np.dtype(lengths.dtype).kind not in "iu":
+        raise ValueError(f"q must be C-contiguous and lengths an integer [B={B}] array, got q {spec.describe(q)}, "
+                         f"lengths {spec.describe(lengths)}")
+    spec._check_length_values(lengths, L_max)
+    scale = spec._resolve_scale(scale, D)
+    block_n = setting.resolved_block_n(D)
+    kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype, block_n=block_n,
+                      setting=setting, scale=scale)
+    scores = cupy.full((B, H, L_max), -np.inf, cupy.float32)
+    part_s = cupy.empty((B, H, kp.T_max, 4), cupy.float32)
+    lens = cupy.ascontiguousarray(lengths, dtype=cupy.int32)
+    kp.launch(q, kb, lens, cupy.full((1,), int(step), cupy.int64), int(layer), scores, part_s)
+    group_fraction = kp.blocks_read.astype(cupy.float64) / kp.C
+    n = lens.astype(cupy.float64).reshape(B, 1)
+    pi = kp.key_pi.astype(cupy.float64)
+    info = KeySamplingInfo(
+        key_fraction=float((group_fraction * n).sum() / (n.sum() * KVH)),
+        group_fraction=group_fraction,
+        expected_group_fraction=(1.0 - (1.0 - pi) ** kp.R).mean(axis=-1),
+        read=kp.key_weight > 0,
+        feature_fraction=group_fraction,
+        selected=None,
+        prob=kp.key_pi,
+        weight=kp.key_weight,
+    )
+    return scores, info

@@ -1,0 +1,233 @@
+"""Block key sampling on the GPU (santa_key_blocks + santa_score_keys on a blocked K,
+santa_cupy/key_pass.py) against the float64 NumPy reference (santa_cupy/key_sampling.py).
+
+(a) pi, the blocks read and their Horvitz-Thompson weights bit for bit the reference's, at awkward
+    sizes (B = 3, lengths 1, odd, past a tile), several budgets, rules, draws and both combines;
+(b) the stash within a stated float32 bound of the reference's scores, reading no K byte of an
+    unselected block (those runs, and the rows past each length, hold NaN);
+(c) key_budget = 1: every block read with weight 1, the exact scores;
+(d) the GPU's scores unbiased over seeds (z-test, Z_MAX standard errors);
+(e) decode_attention with key sampling at S >> n against key_sampled_attention's exact softmax of
+    the same estimated scores; info.key_fraction the reference's;
+(f) the plan's workspace of blocks read equals the reference's; sample_counts / run_from_counts
+    redraw the run's blocks;
+runs of several tiles a block (forced) against the reference; the layout helpers on CuPy.
+Three kernel modules (dtype, D, G, block_n), so that a cold NVRTC cache costs three compiles.
+"""
+
+import numpy as np
+import pytest
+
+import santa_cupy
+from santa_cupy import AttentionSetting, DecodePlan, key_layout, key_sampling, reference, spec
+from tests.gpu_util import as_float32, random_inputs, rel_l2, requires_gpu, to_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+# (dtype, D, G, block_n): the modules these tests compile
+CONFIGS = [("bfloat16", 128, 4, 128), ("float16", 64, 1, 64), ("bfloat16", 64, 8, 128)]
+F32_U = 2.0 ** -24
+Z_MAX = 4.5
+NAN_BITS = {"bfloat16": np.uint16(0x7FC0), "float16": np.float16(np.nan)}
+
+
+def _case(dtype, D, G, block_n, lengths, seed=0, KVH=2):
+    rng = np.random.default_rng(seed + D + G)
+    L_max = max(lengths) + 5
+    q, k, v, lens = random_inputs(rng, len(lengths), G * KVH, KVH, D, L_max, lengths, dtype, peak=1.5)
+    q = spec.from_float32(spec.to_float32(q, np) * np.exp(rng.standard_normal(q.shape)).astype(np.float32),
+                          dtype, np)                    # block magnitudes that differ: pi spread over (0, 1]
+    return q, k, v, lens
+
+
+def _setting(block_n, **keys):
+    seed = keys.pop("seed", 3)
+    fields = dict(key_sampling="bernoulli_block", key_block=16, key_budget=0.5, key_rule="qrms", key_combine="mean",
+                  key_draws=1)
+    fields.update(keys)
+    return AttentionSetting(method="santa", samples=64, seed=seed, block_n=block_n, **fields)
+
+
+def _reference(q, k, lens, setting, step, layer):
+    return key_sampling.key_scores(q, k, lens, seed=setting.seed, step=step, layer=layer, out_dtype=np.float64,
+                                   **setting.key_options)
+
+
+def _gpu(q, k, lens, setting, step, layer, kb=None):
+    kb = key_layout.to_blocked(k, setting.key_block) if kb is None else kb
+    qg, kbg, lg = to_gpu(q, kb, lens)
+    s, info = santa_cupy.key_scores(qg, kbg, lg, setting, step=step, layer=layer, key_layout="blocked")
+    return s.get(), info
+
+
+def _score_bound(q, k, lens, weight, scale, FB):
+    """|float32 stash - float64 reference| bound [B, H, L_max]: float32 rounding of the weights and
+    of scale * w * q (3 u), then a dot product of <= D + 8 terms (2 (D + 8) u, x2 margin) of the
+    weighted absolute terms A = scale sum_c w_c sum_{i in c} |q_i k_ji|."""
+    B, H, D = q.shape
+    KVH = k.shape[2]
+    qa = np.abs(reference.to_float64(q)).reshape(B, KVH, H // KVH, D // FB, FB) * weight[:, :, None, :, None]
+    ka = np.abs(reference.to_float64(k))                                     # [B, L, KVH, D]
+    A = scale * np.einsum("bghcf,bjgcf->bghj", qa, ka.reshape(B, -1, KVH, D // FB, FB)).reshape(B, H, -1)
+    return (2 * (2 * (D + 8) + 3) * F32_U) * A + 1e-30
+
+
+@pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
+@pytest.mark.parametrize("FB,R,budget,rule,combine", [(16, 1, 0.5, "qrms", "mean"), (32, 3, 0.3, "qmax", "union"),
+                                                      (16, 2, 0.8, "uniform", "mean"), (16, 4, 0.25, "qmax", "mean"),
+                                                      (32, 1, 0.9, "qrms", "union")])
+def test_blocks_bit_identical_and_scores_within_bound(dtype, D, G, block_n, FB, R, budget, rule, combine):
+    """(a) + (b): pi, read and weights bit for bit; scores within the float32 bound, with NaN in
+    every K byte the kernel must not read."""
+    lengths = [1, block_n + 3, 2 * block_n + 45]
+    q, k, _, lens = _case(dtype, D, G, block_n, lengths, seed=R)
+    setting = _setting(block_n, key_block=FB, key_draws=R, key_budget=budget, key_rule=rule, key_combine=combine)
+    want, ref = _reference(q, k, lens, setting, step=11, layer=4)
+    kb = key_layout.to_blocked(k, FB)
+    for b, n in enumerate(lens):
+        kb[b, :, :, n:] = NAN_BITS[dtype]                   # rows past the length
+        for g in range(kb.shape[1]):
+            kb[b, g, ~ref.read[b, g]] = NAN_BITS[dtype]     # blocks no draw selected
+    got, info = _gpu(q, k, lens, setting, step=11, layer=4, kb=kb)
+    assert np.array_equal(info.prob.get(), ref.prob), "pi differs from the reference"
+    assert np.array_equal(info.read.get(), ref.read), "blocks read differ from the reference"
+    assert np.array_equal(info.weight.get(), ref.weight.astype(np.float32)), "HT weights differ"
+    assert np.array_equal(info.group_fraction.get(), ref.group_fraction)
+    assert info.key_fraction == pytest.approx(ref.key_fraction, rel=1e-12)
+    bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
+    for b, n in enumerate(lens):
+        assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
+        assert (got[b, :, n:] == -np.inf).all()
+        err = np.abs(got[b, :, :n] - want[b, :, :n])
+        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+
+
+@pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
+@pytest.mark.parametrize("rule,combine,R", [("uniform", "mean", 1), ("qrms", "union", 3)])
+def test_full_budget_reads_everything_exactly(dtype, D, G, block_n, rule, combine, R):
+    """(c) key_budget = 1: pi = 1, weight 1 on every block, the exact scores (float32 bound)."""
+    lengths = [block_n - 1, 1, 3 * block_n + 17]
+    q, k, _, lens = _case(dtype, D, G, block_n, lengths)
+    setting = _setting(block_n, key_budget=1.0, key_rule=rule, key_combine=combine, key_draws=R)
+    got, info = _gpu(q, k, lens, setting, step=0, layer=0)
+    assert (info.prob.get() == 1).all() and (info.weight.get() == 1).all() and info.key_fraction == 1.0
+    exact = reference.head_scores(q, k, lens)
+    bound = _score_bound(q, k, lens, np.ones(info.weight.shape), 1.0 / np.sqrt(D), 16)
+    for b, n in enumerate(lens):
+        assert (np.abs(got[b, :, :n] - exact[b, :, :n]) <= bound[b, :, :n]).all()
+
+
+@pytest.mark.parametrize("combine,R,rule", [("mean", 1, "qrms"), ("union", 3, "qmax"), ("mean", 2, "uniform")])
+def test_gpu_scores_unbiased(combine, R, rule):
+    """(d) N = SEEDS x REPLICAS realisations (the batch copies of one sequence draw independently):
+    every score's mean within Z_MAX standard errors of the exact score; entries without spread
+    (blocks always read) within the float32 bound."""
+    dtype, D, G, block_n = CONFIGS[0]
+    SEEDS, REPLICAS, L = 12, 256, 24
+    q1, k1, _, lens1 = _case(dtype, D, G, block_n, [L], seed=5)
+    q, k = np.repeat(q1, REPLICAS, 0), np.repeat(k1, REPLICAS, 0)
+    lens = np.full(REPLICAS, L, np.int32)
+    kb = key_layout.to_blocked(k, 16)
+    qg, kbg, lg = to_gpu(q, kb, lens)
+    runs = []
+    for seed in range(SEEDS):
+        setting = _setting(block_n, key_budget=0.4, key_rule=rule, key_combine=combine, key_draws=R, seed=seed)
+        s, _ = santa_cupy.key_scores(qg, kbg, lg, setting, step=2, layer=1, key_layout="blocked")
+        runs.append(s.get()[:, :, :L].astype(np.float64))
+    samples = np.concatenate(runs)                              # [N, H, L]
+    exact = reference.head_scores(q1, k1, lens1)[0, :, :L]
+    err = np.abs(samples.mean(0) - exact)
+    se = samples.std(0, ddof=1) / np.sqrt(samples.shape[0])
+    tight = _score_bound(q1, k1, lens1, np.ones((1, q1.shape[1] // G, D // 16)), 1.0 / np.sqrt(D), 16)[0, :, :L]
+    fixed = se < tight
+    assert (err[fixed] <= 2 * tight[fixed]).all()
+    z = float((err[~fixed] / se[~fixed]).max())
+    print(f"{combine} R={R} {rule}: max z = {z:.2f} over {int((~fixed).sum())} entries")
+    assert z < Z_MAX
+
+
+@pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS[:2])
+@pytest.mark.parametrize("budget", ["global", "fixed"])
+def test_decode_attention_matches_key_sampled_attention(dtype, D, G, block_n, budget):
+    """(e) SANTA with S >> n rows on the GPU's estimated scores against the exact softmax of the
+    reference's (the same blocks, weights within float32): key_fraction and lse too."""
+    lengths = [40, 1, 97]
+    q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=9)
+    setting = _setting(block_n, key_budget=0.6, key_draws=2, key_combine="union").replace(
+        samples=spec.MAX_SAMPLES, budget=budget, santa_min_length=0)
+    o_ref, lse_ref, ks, _ = key_sampling.key_sampled_attention(
+        q, k, v, lens, value="dense", seed=setting.seed, step=6, layer=2, **setting.key_options)
+    qg, kbg, vg, lg = to_gpu(q, key_layout.to_blocked(k, 16), v, lens)
+    o, info = santa_cupy.decode_attention(qg, kbg, vg, lg, setting, step=6, layer=2, return_info=True,
+                                          key_layout="blocked")
+    assert np.array_equal(info.key_fraction.get(), ks.group_fraction.astype(np.float32))
+    assert np.allclose(info.lse.get(), lse_ref, atol=2e-4, rtol=1e-5)
+    # S = 65536 comb points over <= 97 rows: each row's weight within 1 / S, plus the output's rounding
+    tol = {"bfloat16": 1e-2, "float16": 4e-3}[dtype]
+    for b, n in enumerate(lengths):
+        assert rel_l2(as_float32(o)[b], o_ref[b]) < tol, f"b={b} (n={n})"
+
+
+@pytest.mark.parametrize("combine", ["mean", "union"])
+def test_plan_workspace_counts_blocks_read(combine):
+    """(f) DecodePlan(key_layout="blocked"): key_pass.blocks_read = the reference's blocks read per
+    (b, g) at the plan's device step and layer; info().key_fraction = that / C; a second run after
+    advance() draws again (the step key)."""
+    dtype, D, G, block_n = CONFIGS[2]
+    lengths = [300, 129, 1]
+    q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=1)
+    setting = _setting(block_n, key_budget=0.35, key_draws=2, key_combine=combine, key_rule="qmax")
+    B, H, D_ = q.shape
+    plan = DecodePlan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
+                      setting=setting, step=8, key_layout="blocked")
+    qg, kbg, vg, lg = to_gpu(q, key_layout.to_blocked(k, 16), v, lens)
+    for step in (8, 9):
+        o = as_float32(plan.run(qg, kbg, vg, lg, layer=3))
+        _, ref = _reference(q, k, lens, setting, step=step, layer=3)
+        assert np.array_equal(plan.key_pass.blocks_read.get(), ref.read.sum(-1))
+        assert np.array_equal(plan.info().key_fraction.get(), ref.group_fraction.astype(np.float32))
+        # the standalone stages redraw the same blocks (same step and layer): the run's counts and o
+        counts = plan.sample_counts(qg, kbg, lg, layer=3)
+        assert (counts.get().sum(-1) == setting.samples).all()
+        again = as_float32(plan.run_from_counts(qg, kbg, vg, lg, counts, layer=3))
+        assert rel_l2(again, o) < 1e-3
+        plan.advance()
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+@pytest.mark.parametrize("FB", [16, 32])
+def test_runs_of_tiles_a_block(runs, FB):
+    """santa_score_keys with runs of several tiles a block (KernelChoice.tiles_per_warp forces it;
+    the fitted run is 1 at these sizes): the plan's stash and tile maxima against the reference,
+    the units' register pipeline crossing tile boundaries, lengths ending inside a run."""
+    from tests.gpu_util import make_plan
+    dtype, D, G, block_n = CONFIGS[0]
+    lengths = [5 * block_n + 3, 1, 2 * block_n, 3 * block_n - 7]
+    q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=runs + FB)
+    setting = _setting(block_n, key_block=FB, key_budget=0.55, key_draws=2, key_rule="qmax")
+    B, H, _ = q.shape
+    plan = make_plan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
+                     setting=setting, key_layout="blocked", tiles_per_warp=runs)
+    assert plan.key_pass.tiles_per_block == runs
+    plan.run(*to_gpu(q, key_layout.to_blocked(k, FB), v, lens), layer=1)
+    want, ref = _reference(q, k, lens, setting, step=0, layer=1)
+    got, part_s = plan.scores.get(), plan.part_s.get()
+    bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
+    for b, n in enumerate(lens):
+        err = np.abs(got[b, :, :n] - want[b, :, :n])
+        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+        for t in range(-(-n // block_n)):
+            tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
+            assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)
+
+
+def test_layout_helpers_on_cupy():
+    """key_layout.to_blocked / from_blocked on CuPy arrays: the NumPy helpers' result, CuPy out."""
+    import cupy
+    rs = np.random.default_rng(2)
+    k = rs.integers(0, 2**16, (3, 37, 2, 64)).astype(np.uint16)
+    kb = key_layout.to_blocked(cupy.asarray(k), 32)
+    assert isinstance(kb, cupy.ndarray) and kb.flags.c_contiguous and kb.shape == (3, 2, 2, 37, 32)
+    assert np.array_equal(kb.get(), key_layout.to_blocked(k, 32))
+    back = key_layout.from_blocked(kb)
+    assert isinstance(back, cupy.ndarray) and np.array_equal(back.get(), k)

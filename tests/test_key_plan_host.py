@@ -1,0 +1,163 @@
+"""Block key sampling's GPU route on the host, without a GPU (test_plan_host's stand-in cupy and
+recording kernels): which kernels a key-sampled plan launches and with which arguments (checked
+against the C declarations of cuda/santa_score_keys.cu), and every refusal message of the API."""
+
+import numpy as np
+import pytest
+
+import santa_cupy
+from santa_cupy import AttentionSetting, DecodePlan, decode_attention, kernels, key_layout
+from santa_cupy.kernel_choice import KernelChoice
+from tests import test_plan_host
+from tests.test_plan_host import FakeArray, launches  # noqa: F401  (the fixture)
+
+B, H, KVH, D, L = 2, 8, 2, 128, 300
+KEYS = "systematic/global/S=64/keys=block:FB=16,f=0.5,rule=qrms"
+
+
+def blocked_inputs(FB=16):
+    q, k, v, lengths = test_plan_host._inputs(B=B, H=H, KVH=KVH, D=D, L=L)
+    kb = key_layout.to_blocked(np.asarray(k), FB).view(FakeArray)
+    return q, kb, v, lengths
+
+
+def plan(setting=KEYS, **kw):
+    return DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=setting,
+                      key_layout=kw.pop("key_layout", "blocked"), **kw)
+
+
+@pytest.mark.parametrize("budget", ["global", "largest_remainder", "fixed"])
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_key_sampled_plan_launches(launches, budget, block_n):
+    """santa_key_blocks, santa_score_keys, then the block pass 2 after santa_score (prefix, tile
+    reading the stash, merge), for every budget (fixed too: its tile kernel does not score)."""
+    q, kb, v, lengths = blocked_inputs()
+    setting = AttentionSetting.parse(KEYS).replace(budget=budget, block_n=block_n, key_draws=3,
+                                                   key_combine="union")
+    p = plan(setting, head_offset=4)
+    assert (p.score_kernel, p.tile_kernel, p.two_pass) == ("stream", "block", True)
+    p.step.fill(5)
+    p.run(q, kb, v, lengths, layer=7)
+    names = [name for name, *_ in launches]
+    assert names == ["santa_key_blocks", "santa_score_keys", "santa_prefix", "santa_tile", "santa_merge"]
+    blocks, score, _, tile, _ = launches
+    assert blocks[1] == (KVH, B) and blocks[2] == (32,)
+    args = blocks[3]
+    # (q, H, KVH, D, FB, rule, R, budget, combine, seed, step, layer, kv_offset, ...)
+    assert [int(a) for a in args[1:8]] == [H, KVH, D, 16, kernels.KEY_RULE_CODE["qrms"], 3, 0]
+    assert float(args[7]) == 0.5 and isinstance(args[7], np.float64)
+    assert int(args[8]) == 1 and int(args[11]) == 7 and int(args[12]) == 4 // (H // KVH)
+    tpb = p.key_pass.tiles_per_block
+    assert score[1] == (-(-(-(-L // block_n)) // tpb), KVH, B) and score[3][1] is kb
+    assert int(score[3][8]) == tpb and int(score[3][9]) == 16
+    assert score[3][-2] is p.scores and score[3][-1] is p.part_s
+    tile_args = tile[3]
+    assert int(tile_args[13]) == 0                      # own_scores 0: the stash of santa_score_keys
+    info = p.info()
+    assert info.key_fraction.shape == (B, KVH) and info.key_fraction.dtype == np.float32
+
+
+def test_forced_run_length(launches):
+    p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
+                   _kernels=KernelChoice(tiles_per_warp=2))
+    p.run(*blocked_inputs())
+    score = launches[1]
+    assert p.key_pass.tiles_per_block == 2 and int(score[3][8]) == 2 and score[1][0] == -(-(-(-L // 128)) // 2)
+
+
+def test_key_sampled_stage_launchers_and_sample_counts(launches):
+    q, kb, v, lengths = blocked_inputs(32)
+    p = plan(AttentionSetting.parse(KEYS).replace(key_block=32))
+    p.run(q, kb, v, lengths, layer=2)
+    full = [name for name, *_ in launches]
+    launches.clear()
+    for launch in p.stage_launchers(q, kb, v, lengths, layer=2).values():
+        launch()
+    assert [name for name, *_ in launches] == full
+    assert int(launches[0][3][11]) == 2 and int(launches[0][3][4]) == 32
+    launches.clear()
+    counts = p.sample_counts(q, kb, lengths, layer=2)
+    p.run_from_counts(q, kb, v, lengths, counts, layer=2)
+    names = [name for name, *_ in launches]
+    assert names[:2] == ["santa_key_blocks", "santa_score_keys"] and names.count("santa_key_blocks") == 2
+    assert all(int(a[11]) == 2 for name, _, _, a, _ in launches if name == "santa_key_blocks")
+
+
+def test_gpu_refusals(launches):
+    q, kb, v, lengths = blocked_inputs()
+    _, k, _, _ = test_plan_host._inputs(B=B, H=H, KVH=KVH, D=D, L=L)
+    with pytest.raises(NotImplementedError, match="key_layout='blocked'"):
+        plan(key_layout="standard")
+    with pytest.raises(ValueError, match="needs key_sampling='bernoulli_block'"):
+        plan("systematic/global/S=64")
+    with pytest.raises(ValueError, match="no paged form"):
+        plan(page_size=16)
+    with pytest.raises(NotImplementedError, match="method 'santa'"):
+        plan("dense/keys=block:FB=16,f=0.5,rule=qmax")
+    with pytest.raises(NotImplementedError, match="key_rule='qkvar'"):
+        plan("systematic/global/S=64/keys=block:FB=16,f=0.5")
+    with pytest.raises(NotImplementedError, match="'bernoulli_block'"):
+        plan("systematic/global/S=64/keys=bernoulli:R=2")
+    with pytest.raises(NotImplementedError, match="dtype in"):
+        plan(dtype="float32")
+    with pytest.raises(ValueError, match="multiple of heads // kv_heads"):
+        plan(head_offset=3)
+    with pytest.raises(ValueError, match="score_kernel must be"):
+        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
+                   _kernels=KernelChoice(score_kernel="mma"))
+    with pytest.raises(ValueError, match="key_layout must be one of"):
+        plan(key_layout="HND")
+    p = plan()
+    with pytest.raises(ValueError, match=r"shape \[B, KVH, C, L_max, FB\]"):
+        p.run(q, key_layout.to_blocked(np.asarray(k), 32).view(FakeArray), v, lengths)
+    with pytest.raises(ValueError, match="blocked layout"):
+        p.run(q, k, v, lengths)
+    standard = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting="systematic/global/S=64")
+    with pytest.raises(ValueError, match="pass key_layout='blocked'"):
+        standard.run(q, kb, v, lengths)
+    assert not launches
+
+
+def test_decode_attention_and_key_scores_refusals(launches):
+    q, kb, v, lengths = blocked_inputs()
+    _, k, _, _ = test_plan_host._inputs(B=B, H=H, KVH=KVH, D=D, L=L)
+    santa_cupy.clear_plan_cache()
+    with pytest.raises(ValueError, match="pass key_layout='blocked'"):
+        decode_attention(q, kb, v, lengths, KEYS)
+    with pytest.raises(ValueError, match="needs key_sampling='bernoulli_block'"):
+        decode_attention(q, kb, v, lengths, "systematic/global/S=64", key_layout="blocked")
+    with pytest.raises(NotImplementedError, match="key_layout='blocked'"):
+        decode_attention(q, k, v, lengths, KEYS)
+    with pytest.raises(NotImplementedError, match="key_layout='blocked'"):
+        santa_cupy.key_scores(q, k, lengths, KEYS)
+    with pytest.raises(ValueError, match="float32"):
+        santa_cupy.key_scores(q, kb, lengths, KEYS, key_layout="blocked", out_dtype=np.float64)
+    assert not launches and not santa_cupy.attention._plans.plans
+
+
+def test_numpy_inputs_take_the_blocked_layout():
+    """On NumPy the blocked K is converted back: the reference's outputs exactly."""
+    rs = np.random.default_rng(1)
+    q = rs.standard_normal((2, 4, 64)).astype(np.float32)
+    k = rs.standard_normal((2, 40, 2, 64)).astype(np.float32)
+    v = rs.standard_normal((2, 40, 2, 64)).astype(np.float32)
+    lengths = np.array([40, 23])
+    name = "systematic/global/S=64/keys=block:FB=32,f=0.5,R=2,rule=qmax"
+    kb = key_layout.to_blocked(k, 32)
+    o, info = decode_attention(q, k, v, lengths, name, step=3, return_info=True)
+    ob, info_b = decode_attention(q, kb, v, lengths, name, step=3, return_info=True, key_layout="blocked")
+    assert np.array_equal(o, ob) and np.array_equal(info.key_fraction, info_b.key_fraction)
+    s, ks = santa_cupy.key_scores(q, k, lengths, name, step=3)
+    sb, ks_b = santa_cupy.key_scores(q, kb, lengths, name, step=3, key_layout="blocked")
+    assert np.array_equal(s, sb) and np.array_equal(ks.weight, ks_b.weight)
+    with pytest.raises(ValueError, match="pass key_layout='blocked'"):
+        santa_cupy.key_scores(q, kb, lengths, name)
+
+
+def test_tiles_per_block_fits_whole_waves():
+    from santa_cupy.key_pass import fit_tiles_per_block as tiles_per_block
+    assert tiles_per_block(256, 128, 660) == 4       # B=16 32k, 8 KV heads: 12.4 waves of 4-tile runs
+    assert tiles_per_block(32, 8, 660) == 1          # a small grid keeps one tile a block
+    assert tiles_per_block(1000, 1, 660) == 2        # one long sequence: one wave of 2-tile runs
+    assert tiles_per_block(1, 1, 660) == 1
+    assert all(1 <= tiles_per_block(t, g, 500) <= 8 for t in (1, 7, 300, 5000) for g in (1, 3, 128))
