@@ -14,7 +14,8 @@ import numpy as np
 
 from santa_cupy import interop, key_layout as key_layouts, key_pass, paged, reference, spec
 from santa_cupy.info import AttentionInfo
-from santa_cupy.plan import DecodePlan, check_standard_keys
+from santa_cupy.key_pass import check_standard_keys
+from santa_cupy.plan import DecodePlan
 from santa_cupy.setting import AttentionSetting
 
 __all__ = ["AttentionInfo", "DecodePlan", "clear_plan_cache", "decode_attention", "key_scores"]

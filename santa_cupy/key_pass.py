@@ -18,11 +18,16 @@ at head_dim 64 / 128, contiguous caches (no paged blocked layout).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from santa_cupy import kernels, spec
+from santa_cupy import key_layout as _key_layout
+from santa_cupy.kernel_choice import KernelChoice
 
-__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block"]
+__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
+           "key_layout_choice", "key_sampling_choice", "check_standard_keys"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -198,3 +203,51 @@ def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
         weight=kp.key_weight,
     )
     return scores, info
+
+
+def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group, head_offset=0):
+    """The plan's key layout, checked against its setting: key sampling on the GPU needs
+    "blocked" (NotImplementedError saying so for "standard"), "blocked" needs block key sampling
+    (ValueError), a paged cache has no blocked form (ValueError); the GPU's limits of key sampling
+    (key_pass.check_gpu_key_setting)."""
+    key_layout = _check_key_layout(key_layout)
+    if not setting.key_sampled:
+        if key_layout == "blocked":
+            raise ValueError(f"key_layout='blocked' is the layout of block key sampling: it needs "
+                             f"key_sampling='bernoulli_block' (the setting {str(setting)!r} has none); pass "
+                             "a standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
+        return key_layout
+    if setting.method != "santa":
+        raise NotImplementedError(f"key sampling on the GPU runs with method 'santa' (its value stage reads the "
+                                  f"score pass's stash), got {setting.method!r}; method 'dense' with key sampling "
+                                  "runs on the NumPy reference")
+    check_gpu_key_setting(setting, dtype=dtype, head_dim=head_dim, group=group, head_offset=head_offset)
+    if key_layout != "blocked":
+        raise NotImplementedError(f"{BLOCKED_ONLY} (setting {setting})")
+    if page_size is not None:
+        raise ValueError("key_layout='blocked' has no paged form: key sampling on the GPU needs a contiguous cache "
+                         "(page_size=None)")
+    return key_layout
+
+
+def _check_key_layout(value):
+    return _key_layout.check_key_layout(value)
+
+
+def key_sampling_choice(choice: KernelChoice) -> KernelChoice:
+    """A key-sampled plan's kernels: its own score pass (santa_score_keys, in place of santa_score)
+    and the block pass 2 that follows santa_score (santa_tile, santa_merge); a forced mma score
+    pass or warp pass 2 is a ValueError."""
+    if choice.score_kernel not in ("auto", "stream") or choice.tile_kernel not in ("auto", "block"):
+        raise ValueError(f"key sampling has its own score pass and the block pass 2: score_kernel must be 'auto' or "
+                         f"'stream' and tile_kernel 'auto' or 'block', got score_kernel={choice.score_kernel!r}, "
+                         f"tile_kernel={choice.tile_kernel!r}")
+    return dataclasses.replace(choice, score_kernel="stream", tile_kernel="block")
+
+
+def check_standard_keys(k_cache):
+    """A rank-5 K given to a plan or call without key_layout='blocked': ValueError saying so."""
+    if getattr(k_cache, "ndim", 0) == 5:
+        raise ValueError(f"k_cache has rank 5, the blocked key layout [B, KVH, C, L_max, FB] "
+                         f"({spec.describe(k_cache)}): pass key_layout='blocked' with key_sampling='bernoulli_block', "
+                         "or a standard [B, L_max, KVH, D] K")

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from santa_cupy import interop, kernels, key_layout, key_pass, paged, spec
+from santa_cupy import interop, kernels, key_pass, paged, spec
 from santa_cupy._launches import _PlanLaunches
 from santa_cupy.info import AttentionInfo
 from santa_cupy.kernel_choice import KernelChoice, resolve
@@ -112,11 +112,11 @@ class DecodePlan(_PlanLaunches):
         choice = KernelChoice() if _kernels is None else _kernels
         if not isinstance(choice, KernelChoice):
             raise TypeError(f"_kernels must be a santa_cupy.kernel_choice.KernelChoice, got {type(choice).__name__}")
-        self.key_layout = key_layout_choice(setting, key_layout, page_size, dtype=dtype, head_dim=head_dim,
+        self.key_layout = key_pass.key_layout_choice(setting, key_layout, page_size, dtype=dtype, head_dim=head_dim,
                                             group=heads // kv_heads if kv_heads and heads % kv_heads == 0 else 1,
                                             head_offset=self.head_offset)
         if setting.key_sampled:              # santa_score_keys' route: the block pass 2 and santa_merge
-            choice = key_sampling_choice(choice)
+            choice = key_pass.key_sampling_choice(choice)
         self.setting, self._choice = setting, choice
         self._checked_kernels = set()        # kernels whose launch arguments _launch has checked
         method, samples, sampler, budget = setting.method, setting.samples, setting.sampler, setting.budget
@@ -401,7 +401,7 @@ class DecodePlan(_PlanLaunches):
             self.key_pass.check_keys(k_cache)
             k_cache = v_cache
         else:
-            check_standard_keys(k_cache)
+            key_pass.check_standard_keys(k_cache)
         shape = spec.validate_decode_inputs(q, k_cache, v_cache, lengths, method=self.method,
                                             samples=self.samples, sampler=self.sampler, budget=self.budget,
                                             scale=self.scale, block_n=self.block_n, check_lengths=False,
@@ -505,50 +505,3 @@ class DecodePlan(_PlanLaunches):
         self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts, pages)
         return counts
 
-
-def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group, head_offset=0):
-    """The plan's key layout, checked against its setting: key sampling on the GPU needs
-    "blocked" (NotImplementedError saying so for "standard"), "blocked" needs block key sampling
-    (ValueError), a paged cache has no blocked form (ValueError); the GPU's limits of key sampling
-    (key_pass.check_gpu_key_setting)."""
-    key_layout = _check_key_layout(key_layout)
-    if not setting.key_sampled:
-        if key_layout == "blocked":
-            raise ValueError(f"key_layout='blocked' is the layout of block key sampling: it needs "
-                             f"key_sampling='bernoulli_block' (the setting {str(setting)!r} has none); pass "
-                             "a standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
-        return key_layout
-    if setting.method != "santa":
-        raise NotImplementedError(f"key sampling on the GPU runs with method 'santa' (its value stage reads the "
-                                  f"score pass's stash), got {setting.method!r}; method 'dense' with key sampling "
-                                  "runs on the NumPy reference")
-    key_pass.check_gpu_key_setting(setting, dtype=dtype, head_dim=head_dim, group=group, head_offset=head_offset)
-    if key_layout != "blocked":
-        raise NotImplementedError(f"{key_pass.BLOCKED_ONLY} (setting {setting})")
-    if page_size is not None:
-        raise ValueError("key_layout='blocked' has no paged form: key sampling on the GPU needs a contiguous cache "
-                         "(page_size=None)")
-    return key_layout
-
-
-def _check_key_layout(value):
-    return key_layout.check_key_layout(value)            # (the module; key_layout_choice's argument shadows it)
-
-
-def key_sampling_choice(choice: KernelChoice) -> KernelChoice:
-    """A key-sampled plan's kernels: its own score pass (santa_score_keys, in place of santa_score)
-    and the block pass 2 that follows santa_score (santa_tile, santa_merge); a forced mma score
-    pass or warp pass 2 is a ValueError."""
-    if choice.score_kernel not in ("auto", "stream") or choice.tile_kernel not in ("auto", "block"):
-        raise ValueError(f"key sampling has its own score pass and the block pass 2: score_kernel must be 'auto' or "
-                         f"'stream' and tile_kernel 'auto' or 'block', got score_kernel={choice.score_kernel!r}, "
-                         f"tile_kernel={choice.tile_kernel!r}")
-    return dataclasses.replace(choice, score_kernel="stream", tile_kernel="block")
-
-
-def check_standard_keys(k_cache):
-    """A rank-5 K given to a plan or call without key_layout='blocked': ValueError saying so."""
-    if getattr(k_cache, "ndim", 0) == 5:
-        raise ValueError(f"k_cache has rank 5, the blocked key layout [B, KVH, C, L_max, FB] "
-                         f"({spec.describe(k_cache)}): pass key_layout='blocked' with key_sampling='bernoulli_block', "
-                         "or a standard [B, L_max, KVH, D] K")
