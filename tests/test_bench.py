@@ -101,6 +101,30 @@ def test_method_lists():
     assert Method("torch", backend="flash").external and not Method("dense").external
 
 
+def test_key_sampling_methods():
+    """'-keys<P>': block key sampling (FB 16, rule uniform, budget P/100) on a blocked K; 'dense-blocked':
+    exact dense on the blocked K; their bytes count the fraction of K read."""
+    m = bench.methods.parse_method("santa-global-systematic-256-keys75")
+    assert m.name == "santa-global-systematic-256-keys75" and m.key_percent == 75 and m.key_layout == "blocked"
+    setting = m.plan_setting()
+    assert (setting.key_sampling, setting.key_block, setting.key_budget, setting.key_rule) == \
+        ("bernoulli_block", 16, 0.75, "uniform")
+    assert setting.samples == 256 and setting.budget == "global" and m.kernel_choice() == KernelChoice()
+    assert bench.methods.parse_method("santa-fixed-systematic-2048-keys100").plan_setting().key_budget == 1.0
+    d = bench.methods.parse_method("dense-blocked")
+    assert d.key_layout == "blocked" and d.key_percent is None and d.plan_setting() == AttentionSetting(method="dense")
+    assert bench.methods.parse_method("santa-global-systematic-256").key_layout == "standard"
+    for bad in ("santa-global-systematic-256-keys0", "santa-global-systematic-256-keys101",
+                "santa-global-systematic-256-keys", "dense-keys50"):
+        with pytest.raises(click.BadParameter, match="unknown method"):
+            bench.methods.parse_method(bad)
+    B, L = 2, 4096
+    k = B * L * 8 * 128 * 2
+    full = bench.accounting.attention_bytes(m, LLAMA, B, L, rows_read=100)
+    half = bench.accounting.attention_bytes(m, LLAMA, B, L, rows_read=100, key_fraction=0.5)
+    assert full - half == k // 2
+
+
 def test_bytes_dense_and_external():
     B, L = 4, 32768
     kv = 2 * B * L * 8 * 128 * 2

@@ -14,14 +14,16 @@ def kv_bytes(shape: Shape, B: int, L: int) -> int:
     return 2 * B * L * shape.kv_heads * shape.head_dim * ITEMSIZE[shape.dtype]
 
 
-def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int | None = None) -> int:
+def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int | None = None,
+                    key_fraction: float | None = None) -> int:
     """Bytes a decode-attention call must move (see docs/BENCHMARKS.md, "Bytes").
 
     dense / external: K + V of all B*L rows, plus q read and o written.
     santa: K in full + rows_read (distinct V rows, summed over b and KV heads) * D * itemsize + q + o,
     plus, for the two-pass budgets (global, largest_remainder), the fp32 score stash written and
     read back: B*H*L*4*2 (not for fixed and one_pass). Tile partials and per-tile stats are not
-    counted. one_pass: the plan's default hint, its previous call's lse."""
+    counted. one_pass: the plan's default hint, its previous call's lse. Key sampling
+    (``key_fraction``, the fraction of K's blocks read): K counts that fraction."""
     isz, D, H, KVH = ITEMSIZE[shape.dtype], shape.head_dim, shape.heads, shape.kv_heads
     qo = 2 * B * H * D * isz
     if method.kind != "santa":
@@ -29,6 +31,8 @@ def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int
     if rows_read is None:
         raise ValueError("santa bytes need rows_read (distinct V rows read, summed over b and KV heads)")
     k = B * L * KVH * D * isz
+    if key_fraction is not None:
+        k = int(round(k * key_fraction))
     stash = 0 if method.budget in ("fixed", "one_pass") else B * H * L * 4 * 2   # one_pass: no stash
     return k + int(rows_read) * D * isz + qo + stash
 

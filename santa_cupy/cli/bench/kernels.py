@@ -12,7 +12,7 @@ import click
 from llama_min.commands import check_output_path
 from santa_cupy.cli.bench.accounting import add_derived, attention_bytes, copies_for, kv_bytes
 from santa_cupy.cli.bench.gpu import _cupy, _optional_flashinfer, _optional_torch, gpu_metadata, random_array
-from santa_cupy.cli.bench.methods import L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
+from santa_cupy.cli.bench.methods import KEY_BENCH_BLOCK, L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
 from santa_cupy.cli.bench.paged import PAGE_ROWS, PagedLayout, paged_cache
 from santa_cupy.cli.bench.peers import bench_flashinfer, bench_torch
 from santa_cupy.cli.bench.report import _log, fmt_bytes, fmt_context, kernel_table, plot_rows, run_metadata, stage_table, write_outputs
@@ -39,6 +39,8 @@ def our_plan(method: Method, shape: Shape, B: int, L: int, *, programmatic=None,
     from santa_cupy import DecodePlan
 
     paged = dict(page_size=PAGE_ROWS) if method.paged else {}
+    if method.key_layout != "standard":
+        paged["key_layout"] = method.key_layout
     choice = dataclasses.replace(method.kernel_choice(), programmatic=programmatic)
     return DecodePlan(batch=B, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                       max_length=L, dtype=shape.dtype, setting=method.plan_setting().replace(**options),
@@ -61,14 +63,21 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
         table = cp.asarray(ids.reshape(B, layout.pages_per_seq))
         inputs = [(q, paged_cache(cp, k, layout), paged_cache(cp, v, layout)) for q, k, v in inputs]
         plan.run(*inputs[0], lengths, block_table=table)           # validated once
+    if method.key_layout == "blocked":           # K feature-blocked (a copy of each input's K)
+        from santa_cupy.key_layout import to_blocked
+        inputs = [(q, to_blocked(k, KEY_BENCH_BLOCK), v) for q, k, v in inputs]
+        plan.run(*inputs[0], lengths)
     fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False, block_table=table) for q, k, v in inputs]
     us, mode = time_cupy_graph(cp, fns, n_inner, repeats)
-    rows_read = None
+    rows_read, key_fraction = None, None
     if method.kind == "santa":
         q, k, v = inputs[0]
         plan.run(q, k, v, lengths, validate=False, block_table=table)
-        rows_read = int(plan.info().rows_read.sum())     # int() syncs the default stream
-    return {"us": us, "timing": mode, "rows_read": rows_read,
+        info = plan.info()
+        rows_read = int(info.rows_read.sum())     # int() syncs the default stream
+        if info.key_fraction is not None:          # equal lengths: the mean over (b, KV head)
+            key_fraction = float(info.key_fraction.mean())
+    return {"us": us, "timing": mode, "rows_read": rows_read, "key_fraction": key_fraction,
             "rows_frac": rows_read / (B * L * shape.kv_heads) if rows_read is not None else 1.0}
 
 
@@ -98,7 +107,7 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
         except Exception as exc:
             row.update(us=None, note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
         have_rows = m.kind != "santa" or row.get("rows_read") is not None
-        row["bytes"] = attention_bytes(m, shape, B, L, row.get("rows_read")) if have_rows else None
+        row["bytes"] = attention_bytes(m, shape, B, L, row.get("rows_read"), row.get("key_fraction")) if have_rows else None
         if row.get("timing", "graph") != "graph":
             row["note"] = ((row.get("note") or "") + " " + row["timing"]).strip()
         rows.append(row)

@@ -43,6 +43,11 @@ SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_
 # dense fallback below the plan's santa_min_length)
 SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}}
 SANTA_SUFFIX_OPTIONS = {**SANTA_KERNEL_SUFFIXES, **SANTA_SETTING_SUFFIXES}
+# "-keys<P>" (santa): block key sampling on a feature-blocked K (santa_cupy.key_layout), blocks of
+# KEY_BENCH_BLOCK features, rule "uniform" (every block's inclusion probability P / 100, so the K
+# fraction read is P% in expectation: the speed at a given fraction, not an accuracy setting)
+KEY_BENCH_BLOCK = 16
+# "-blocked" (dense): exact dense attention on the feature-blocked K (the layout's own cost)
 # "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
 # (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
 PAGED_SUFFIXES = ("paged", "shuffled")
@@ -111,15 +116,31 @@ class Method:
     def paged(self) -> bool:
         return self.backend in PAGED_SUFFIXES
 
+    @property
+    def key_percent(self) -> int | None:
+        """P of a "-keys<P>" method, else None."""
+        m = re.fullmatch(r"keys([1-9][0-9]?|100)", self.backend) if self.kind == "santa" else None
+        return int(m.group(1)) if m else None
+
+    @property
+    def key_layout(self) -> str:
+        """The plan's key layout: "blocked" for "-keys<P>" and dense "-blocked", else "standard"."""
+        blocked = self.key_percent is not None or (self.kind == "dense" and self.backend == "blocked")
+        return "blocked" if blocked else "standard"
+
     def plan_setting(self) -> AttentionSetting:
-        """Our methods' attention setting, with the suffix's setting changes ("always")."""
+        """Our methods' attention setting, with the suffix's setting changes ("always", "keys<P>")."""
+        if self.key_percent is not None:
+            return self.setting.replace(key_sampling="bernoulli_block", key_block=KEY_BENCH_BLOCK,
+                                        key_budget=self.key_percent / 100, key_rule="uniform")
         return self.setting.replace(**SANTA_SETTING_SUFFIXES.get(self.backend, {}))
 
     def kernel_choice(self):
         """Our methods' santa_cupy.kernel_choice.KernelChoice: the overrides the suffix names."""
         from santa_cupy.kernel_choice import KernelChoice
 
-        if self.paged or not self.backend or self.backend in SANTA_SETTING_SUFFIXES:
+        if (self.paged or not self.backend or self.backend in SANTA_SETTING_SUFFIXES
+                or self.key_layout == "blocked"):
             return KernelChoice()
         if self.kind == "dense":
             if self.backend.startswith("p"):
@@ -135,14 +156,15 @@ def parse_method(name: str) -> Method:
     name = name.strip()
     if name in ("dense", "flashinfer"):
         return Method(name)
-    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS + PAGED_SUFFIXES:
+    if name.startswith("dense-") and name.removeprefix("dense-") in KERNEL_VERSIONS + PAGED_SUFFIXES + ("blocked",):
         return Method("dense", backend=name.removeprefix("dense-"))
     if re.fullmatch(r"dense-p[1-9][0-9]*", name):            # forced splits per KV group
         return Method("dense", backend=name.removeprefix("dense-"))
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
-    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS):
+    keys = len(parts) == 5 and re.fullmatch(r"keys([1-9][0-9]?|100)", parts[4]) is not None
+    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS or keys):
         budget, sampler, s = parts[1:4]
         if budget in spec.DECODE_BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             try:
@@ -152,8 +174,9 @@ def parse_method(name: str) -> Method:
             return Method("santa", setting, backend=parts[4] if len(parts) == 5 else "")
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
-        f"flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}], e.g. santa-global-systematic-256",
+        f"dense-blocked, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}|-keys<percent>], "
+        "e.g. santa-global-systematic-256 or santa-global-systematic-256-keys75",
         param_hint="--methods")
 
 

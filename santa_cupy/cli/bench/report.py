@@ -34,7 +34,7 @@ def _f(x, spec, suffix=""):
 
 
 KERNEL_COLUMNS = ("shape", "method", "B", "L", "µs (median)", "bytes", "TB/s", "% ceiling",
-                  "x our dense", "x best peer", "max x dense", "x best ext", "rows read", "note")
+                  "x our dense", "x best peer", "max x dense", "x best ext", "rows read", "K read", "note")
 
 
 def _peer_cell(r) -> str:
@@ -51,7 +51,9 @@ def kernel_table(rows: list[dict]) -> str:
         cells = (r["shape"], r["method"], str(r["B"]), fmt_context(r["L"]), _f(r.get("us"), ".1f"),
                  fmt_bytes(r.get("bytes")), _f(r.get("tbps"), ".2f"), _f(r.get("pct_ceiling"), ".0f", "%"),
                  _f(r.get("x_dense"), ".2f", "x"), _peer_cell(r), _f(r.get("x_dense_bound"), ".2f", "x"),
-                 _f(r.get("x_external"), ".2f", "x"), _f(r.get("rows_frac"), ".2%"), (r.get("note") or "").replace("|", "/"))
+                 _f(r.get("x_external"), ".2f", "x"), _f(r.get("rows_frac"), ".2%"),
+                 _f(r.get("key_fraction") if r.get("key_fraction") is not None else (1.0 if r.get("us") else None), ".1%"),
+                 (r.get("note") or "").replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
