@@ -72,7 +72,7 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     key_layout : str
         "standard" (k_cache [B, L_max, KVH, D]) or "blocked": k_cache is [B, KVH, C, L_max, FB]
         (santa_cupy.key_layout.to_blocked), the layout block key sampling needs on the GPU
-        (FB = key_block), and one method "dense" without key sampling reads too (exact attention;
+        (FB = key_block), which method "dense" without key sampling reads too (exact attention;
         FB = k_cache.shape[4]; on the GPU fp16 / bf16 at D 64 / 128); NumPy inputs take it as well
         (converted back for the reference). A rank-5 k_cache without key_layout="blocked" is a
         ValueError, and so is "blocked" without key_sampling="bernoulli_block" or method "dense",
