@@ -11,6 +11,9 @@
 //                         global memory straight into registers, U rows per row group in flight.
 //   decode_dense_mma      (v4, production) both products on tensor cores (mma.sync m16n8k16),
 //                         fp16/bf16 and D 64/128 only; see the comment above the kernel.
+//   decode_dense_mma_blocked  v4 on a feature-blocked K [B, KVH, C, L_max, FB] (tile.cuh
+//                         BlockedKeyRows; contiguous): the same body (dense_mma_split), K's
+//                         addresses only differ. decode_dense_partial has no blocked form.
 // (v3, a cp.async ring, measured no faster than v2 and was removed; git history has it.)
 //
 // Shared memory (kernels.py: dense_smem_bytes): v2 acc [RG][G][D] f32 | m, l [RG][G] f32.
@@ -204,8 +207,9 @@ struct MmaStepLoads {
     u32 v[4][D / 16];         // keys base + 2t + {0, 1, 8, 9}, V-slice gi (quads gi, gi + 8)
 };
 
-template <typename T, int D>
-__device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const CacheRows<T, D>& K, const CacheRows<T, D>& V,
+// KRows: CacheRows<T, D> or BlockedKeyRows<T, D> (tile.cuh), V always CacheRows.
+template <typename T, int D, typename KRows>
+__device__ __forceinline__ void mma_step_load(MmaStepLoads<D>& ld, const KRows& K, const CacheRows<T, D>& V,
                                               i64 b, i64 base, i64 row_end, int g, int gi, int t) {
     const T* k0 = K.row(b, base, g);                 // one page-table lookup a step for each
     const T* v0 = V.row(b, base, g);
@@ -282,16 +286,16 @@ struct MmaDenseState {
     }
 };
 
-template <typename T, int D, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
-decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                 const int* __restrict__ lengths, float scale, int split_target, int batch, int H, int KVH,
-                 i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
-                 int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
-                 float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read,
-                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+// The body of decode_dense_mma and decode_dense_mma_blocked (below), K's rows addressed by KRows
+// (CacheRows or BlockedKeyRows), V's by CacheRows.
+template <typename T, int D, int G, typename KRows>
+__device__ __forceinline__ void dense_mma_split(const T* __restrict__ q, const KRows& K, const CacheRows<T, D>& V,
+                                                const int* __restrict__ lengths, float scale, int split_target,
+                                                int batch, int H, int KVH, i64 L_max, float* __restrict__ part_o,
+                                                float4* __restrict__ part_s, int n_splits, int self_merge,
+                                                unsigned* __restrict__ merge_counters, T* __restrict__ out,
+                                                float* __restrict__ lse, float* __restrict__ spread, int santa_from,
+                                                int* __restrict__ rows_read) {
     static_assert(D == 64 || D == 128, "mma decode: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma decode: one m16 tile of heads");
     using State = MmaDenseState<T, D, G>;
@@ -332,18 +336,17 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 
     // Two register buffers: the loads of the next step are in flight while this one computes.
     // (base is warp-uniform, so every lane runs the same trip count around the shuffles.)
-    const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache), V = SC_CACHE_ROWS(v_cache);
     MmaStepLoads<D> bufA, bufB;
     i64 base = row_begin + 16 * warp;
-    if (base < row_end) mma_step_load<T, D>(bufA, K, V, b, base, row_end, g, gi, t);
+    if (base < row_end) mma_step_load<T, D, KRows>(bufA, K, V, b, base, row_end, g, gi, t);
     while (base < row_end) {
         if (base + kStep < row_end)
-            mma_step_load<T, D>(bufB, K, V, pair_v[0], base + kStep, row_end, g, gi, t);
+            mma_step_load<T, D, KRows>(bufB, K, V, pair_v[0], base + kStep, row_end, g, gi, t);
         st.step(mq, bufA, base, row_end, mult, t);
         base += kStep;
         if (base >= row_end) break;
         if (base + kStep < row_end)
-            mma_step_load<T, D>(bufA, K, V, pair_v[0], base + kStep, row_end, g, gi, t);
+            mma_step_load<T, D, KRows>(bufA, K, V, pair_v[0], base + kStep, row_end, g, gi, t);
         st.step(mq, bufB, base, row_end, mult, t);
         base += kStep;
     }
@@ -397,4 +400,41 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                                                  lse, spread, acc_s);
         }
     }
+}
+
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                 const int* __restrict__ lengths, float scale, int split_target, int batch, int H, int KVH,
+                 i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
+                 int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
+                 float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read,
+                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    dense_mma_split<T, D, G>(q, SC_CACHE_ROWS(k_cache), SC_CACHE_ROWS(v_cache), lengths, scale, split_target, batch,
+                             H, KVH, L_max, part_o, part_s, n_splits, self_merge, merge_counters, out, lse, spread,
+                             santa_from, rows_read);
+}
+
+// decode_dense_mma on K in the feature-blocked layout kb [B, KVH, C, L_max, FB] (tile.cuh
+// BlockedKeyRows, FB = key_block 16 | 32, C = D / FB) with V contiguous [B, L_max, KVH, D]:
+// contiguous caches only, so no page arguments. Each thread loads the same K words into the same
+// registers as decode_dense_mma (only their addresses differ) and the arithmetic is the same in the
+// same order: for the same splits, o, lse and the partials equal decode_dense_mma's on the
+// standard K bit for bit.
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+decode_dense_mma_blocked(const T* __restrict__ q, const T* __restrict__ kb, const T* __restrict__ v_cache,
+                         const int* __restrict__ lengths, float scale, int split_target, int batch, int H, int KVH,
+                         i64 L_max, float* __restrict__ part_o, float4* __restrict__ part_s, int n_splits,
+                         int self_merge, unsigned* __restrict__ merge_counters, T* __restrict__ out,
+                         float* __restrict__ lse, float* __restrict__ spread, int santa_from,
+                         int* __restrict__ rows_read, int key_block) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    const BlockedKeyRows<T, D> K{kb, L_max, KVH, key_block};
+    const CacheRows<T, D> V{v_cache, nullptr, L_max, KVH, 0, 0, 0};
+    dense_mma_split<T, D, G>(q, K, V, lengths, scale, split_target, batch, H, KVH, L_max, part_o, part_s, n_splits,
+                             self_merge, merge_counters, out, lse, spread, santa_from, rows_read);
 }

@@ -50,7 +50,8 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restric
 //   q_out [N, H, D] (Tkv) rotated q; k_cache row pos[n] of sequence n = rotated k; v_cache's = v.
 // The caches are [N, L_max, KVH, D] (page_size 0), or page pools [num_pages, page_size, KVH, D]
 // with block_table [N, max_pages] int32 (kv_cache_row, decoder_math.cuh): the page of row pos[n]
-// must be in the table.
+// must be in the table. key_block FB > 0 (contiguous caches only): k_cache is feature-blocked,
+// [N, KVH, D / FB, L_max, FB] (blocked_key_at), v_cache as before.
 // Rotation (HF rotate_half): for i < D/2, (a, b) = (x_i, x_{i + D/2}) with c, s = cos/sin[pos, i]:
 //   x_i <- a c - b s,  x_{i + D/2} <- b c + a s.
 // grid (N, ceil((H + 2 KVH) D/2 / SC_DECODER_THREADS)), block SC_DECODER_THREADS: one pair a
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(SC_DECODER_THREADS)
 rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
             const int* __restrict__ pos, Tkv* __restrict__ q_out, Tkv* __restrict__ k_cache,
             Tkv* __restrict__ v_cache, int H, int KVH, int D, i64 L_max, const int* __restrict__ block_table,
-            int max_pages, int page_size) {
+            int max_pages, int page_size, int key_block) {
     const int n = blockIdx.x, half = D / 2, heads = H + 2 * KVH;
     pdl_launch_dependents();
     pdl_wait();
@@ -69,7 +70,7 @@ rope_append(const Tp* __restrict__ qkv, const float* __restrict__ cos_t, const f
     for (int j = blockIdx.y * SC_DECODER_THREADS + threadIdx.x; j < heads * half; j += gridDim.y * SC_DECODER_THREADS) {
         const int h = j / half, i = j - h * half;
         store_rope_pair<Tkv>(to_float(row[h * D + i]), to_float(row[h * D + i + half]), h, i, n, p, r, cos_t,
-                             sin_t, q_out, k_cache, v_cache, H, KVH, D);
+                             sin_t, q_out, k_cache, v_cache, H, KVH, D, L_max, key_block);
     }
 }
 

@@ -22,15 +22,24 @@ __device__ __forceinline__ i64 kv_cache_row(i64 n, i64 p, i64 L_max, const int* 
     return (i64)block_table[n * max_pages + p / page_size] * page_size + p % page_size;
 }
 
+// Where element f of KV head g's key of position p of sequence n goes in a feature-blocked
+// k_cache [N, KVH, D / FB, L_max, FB] (FB = key_block 16 | 32, contiguous caches only;
+// santa_cupy/key_layout.py).
+__device__ __forceinline__ i64 blocked_key_at(i64 n, i64 p, int g, int f, int KVH, int D, i64 L_max, int key_block) {
+    return (((n * KVH + g) * (D / key_block) + f / key_block) * L_max + p) * key_block + f % key_block;
+}
+
 // Element pair (a, b) = (x_i, x_{i + D/2}) of head h of token n's QKV product, to where it goes:
 // q heads (h < H) rotated into q_out [N, H, D]; k heads rotated into row `row` of k_cache (seen as
-// [rows, KVH, D]: kv_cache_row of the token's position p); v heads copied into that row of v_cache.
+// [rows, KVH, D]: kv_cache_row of the token's position p), or with key_block > 0 into the blocked
+// k_cache at blocked_key_at (L_max rows a sequence); v heads copied into row `row` of v_cache.
 // Rotation (HF rotate_half) by c, s = cos/sin[p, i]: x_i <- a c - b s, x_{i + D/2} <- b c + a s.
 template <typename Tkv>
 __device__ __forceinline__ void store_rope_pair(float a, float b, int h, int i, i64 n, i64 p, i64 row,
                                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                                 Tkv* __restrict__ q_out, Tkv* __restrict__ k_cache,
-                                                Tkv* __restrict__ v_cache, int H, int KVH, int D) {
+                                                Tkv* __restrict__ v_cache, int H, int KVH, int D, i64 L_max,
+                                                int key_block) {
     const int half = D / 2;
     if (h >= H + KVH) {                                       // v: copied
         Tkv* dst = v_cache + (row * KVH + (h - H - KVH)) * D;
@@ -38,8 +47,21 @@ __device__ __forceinline__ void store_rope_pair(float a, float b, int h, int i, 
         dst[i + half] = from_float<Tkv>(b);
         return;
     }
-    Tkv* dst = h < H ? q_out + (n * H + h) * D : k_cache + (row * KVH + (h - H)) * D;
     const float c = cos_t[p * half + i], s = sin_t[p * half + i];
-    dst[i] = from_float<Tkv>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-    dst[i + half] = from_float<Tkv>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+    const Tkv lo = from_float<Tkv>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    const Tkv hi = from_float<Tkv>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+    if (h < H) {
+        Tkv* dst = q_out + (n * H + h) * D;
+        dst[i] = lo;
+        dst[i + half] = hi;
+        return;
+    }
+    if (key_block == 0) {
+        Tkv* dst = k_cache + (row * KVH + (h - H)) * D;
+        dst[i] = lo;
+        dst[i + half] = hi;
+        return;
+    }
+    k_cache[blocked_key_at(n, p, h - H, i, KVH, D, L_max, key_block)] = lo;
+    k_cache[blocked_key_at(n, p, h - H, i + half, KVH, D, L_max, key_block)] = hi;
 }

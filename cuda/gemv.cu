@@ -175,13 +175,14 @@ gemv_split(const T* __restrict__ w, const T* __restrict__ x, float* __restrict__
 // computes head h = b / (D/2)'s rows i and i + D/2 (i = b % (D/2)), the pair a rotation mixes, and
 // stores them as store_rope_pair does. cos/sin [P, D/2] f32, pos [n_tok] int32; q_out [n_tok, H, D],
 // caches of Tkv as rope_append's: [n_tok, L_max, KVH, D] (page_size 0) or page pools
-// [num_pages, page_size, KVH, D] with block_table [n_tok, max_pages] int32. Grid (H + 2 KVH) D / 2.
+// [num_pages, page_size, KVH, D] with block_table [n_tok, max_pages] int32, and a feature-blocked
+// k_cache with key_block > 0 (blocked_key_at). Grid (H + 2 KVH) D / 2.
 template <typename T, typename Tkv, int NB>
 __global__ void __launch_bounds__(SC_NTHREADS)
 gemv_rope(const T* __restrict__ w, const T* __restrict__ x, int K, int n_tok, const float* __restrict__ cos_t,
           const float* __restrict__ sin_t, const int* __restrict__ pos, Tkv* __restrict__ q_out,
           Tkv* __restrict__ k_cache, Tkv* __restrict__ v_cache, int H, int KVH, int D, i64 L_max,
-          const int* __restrict__ block_table, int max_pages, int page_size) {
+          const int* __restrict__ block_table, int max_pages, int page_size, int key_block) {
     static_assert(SC_GEMV_ROWS == 2, "one rotary pair a block");
     __shared__ float partial[SC_NTHREADS / 32][SC_GEMV_ROWS][NB];
     const int half = D / 2, h = blockIdx.x / half, i = blockIdx.x - h * half;
@@ -191,7 +192,7 @@ gemv_rope(const T* __restrict__ w, const T* __restrict__ x, int K, int n_tok, co
         const i64 p = pos[t];
         store_rope_pair<Tkv>(gemv_row_sum<NB>(partial, 0, t), gemv_row_sum<NB>(partial, 1, t), h, i, t, p,
                              kv_cache_row(t, p, L_max, block_table, max_pages, page_size), cos_t, sin_t, q_out,
-                             k_cache, v_cache, H, KVH, D);
+                             k_cache, v_cache, H, KVH, D, L_max, key_block);
     }
 }
 

@@ -98,6 +98,21 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<
     load_quads<D / 8>(w, K.step_key(base, b, step0, key < row_end ? key : step0, g), t, 4, key < row_end);
 }
 
+// The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):
+// piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of L_max * FB elements on.
+template <typename T, int D>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base, i64 b,
+                                               i64 step0, i64 key, i64 row_end, int g, int t) {
+    const bool valid = key < row_end;
+    const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
+    const i64 stride = 32 * K.L_max;
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+        const uint4 x = valid ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
+    }
+}
+
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
 // -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).

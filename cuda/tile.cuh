@@ -5,7 +5,7 @@
 //   paged, page p = table[b * table_stride + j / page_size], slot s = j % page_size:
 //     NHD [num_pages, page_size, KVH, D] (FlashInfer's and vLLM's): ((p * page_size + s) * KVH + g) * D,
 //     HND [num_pages, KVH, page_size, D]:                           ((p * KVH + g) * page_size + s) * D.
-// All row addressing goes through CacheRows::row(). A tile is BN consecutive positions of one
+// All row addressing goes through CacheRows::row() (a blocked K: BlockedKeyRows below). A tile is BN consecutive positions of one
 // sequence and one KV head.
 #pragma once
 
@@ -40,6 +40,31 @@ struct CacheRows {
     // Row `key` of a step starting at j0 (base = row(b, j0, g) when steps_in_page()).
     __device__ __forceinline__ const T* step_key(const T* base, i64 b, i64 j0, i64 key, int g) const {
         return steps_in_page() ? step_row(base, key - j0) : row(b, key, g);
+    }
+};
+
+// A K cache in the feature-blocked layout kb [B, KVH, C, L_max, FB] (santa_cupy/key_layout.py;
+// FB = 16 | 32, C = D / FB; contiguous, no paged form): feature f of row (b, j, g) is element
+// (((b * KVH + g) * C + f / FB) * L_max + j) * FB + f % FB. The rows of one block are FB elements
+// apart, so 8 features at a multiple of 8 (a 16-byte piece) lie in one block, contiguous.
+// row() is the row's feature 0 (C * FB = D); piece(row, p) the p-th 16-byte piece of the row.
+template <typename T, int D>
+struct BlockedKeyRows {
+    const T* data;
+    i64 L_max;
+    int KVH, FB;
+
+    __device__ __forceinline__ const T* row(i64 b, i64 j, int g) const {
+        return data + (b * KVH + g) * (i64)D * L_max + j * FB;
+    }
+    // features 8p .. 8p + 7: block 8p / FB, offset 8p % FB (FB a power of two)
+    __device__ __forceinline__ const T* piece(const T* row, int p) const {
+        const int f = SC_CHUNK * p;
+        return row + (i64)(f & ~(FB - 1)) * L_max + (f & (FB - 1));
+    }
+    // Row `key` of a step starting at j0 (base = row(b, j0, g)): every step lies in one run.
+    __device__ __forceinline__ const T* step_key(const T* base, i64 b, i64 j0, i64 key, int g) const {
+        return base + (key - j0) * FB;
     }
 };
 

@@ -63,8 +63,9 @@ class Backend:
 
     def kv_view(self, cache, layer, n):
         """(k, v) of the layer as the attention takes them (n: rows attended, the same for every
-        sequence). CPU: cache.read (contiguous [B, >= n, KVH, D]); GPU: the storage itself
-        (contiguous caches, or page pools with cache.block_table)."""
+        sequence). CPU: cache.read (contiguous [B, >= n, KVH, D], K in the standard layout); GPU:
+        the storage itself (contiguous caches, K blocked where cache.key_block is set, or page
+        pools with cache.block_table)."""
         raise NotImplementedError
 
     def attention_out(self, o):
@@ -165,7 +166,7 @@ class CublasBackend(Backend):
     def qkv_rope_append(self, h, w, cache, layer, pos, rows):
         from llama_min import ops
         return ops.rope_append(self.linear(h, w), *self._rope_args(cache, layer, pos),
-                               block_table=cache.block_table)
+                               block_table=cache.block_table, key_block=cache.key_block)
 
     def kv_view(self, cache, layer, n):
         return cache.k[layer], cache.v[layer]
@@ -217,7 +218,8 @@ class GemvBackend(CublasBackend):
     def qkv_rope_append(self, h, w, cache, layer, pos, rows):
         from llama_min import ops
         if self.fuse_epilogues and self._fits(h, w) and self.model.kv_dtype in ops.GEMV_DTYPES:
-            return ops.gemv_rope(h, w, *self._rope_args(cache, layer, pos), block_table=cache.block_table)
+            return ops.gemv_rope(h, w, *self._rope_args(cache, layer, pos), block_table=cache.block_table,
+                                 key_block=cache.key_block)
         return super().qkv_rope_append(h, w, cache, layer, pos, rows)
 
     def glu(self, h, w):

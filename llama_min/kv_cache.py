@@ -13,7 +13,9 @@ import numpy as np
 class KVCache:
     """Preallocated KV cache, one type with two storage forms (``new_cache(..., page_size=...)``):
 
-    - contiguous (this class, page_size None): k[l], v[l] are [B, L_max, KVH, D] (santa_cupy layout);
+    - contiguous (this class, page_size None): k[l], v[l] are [B, L_max, KVH, D] (santa_cupy layout),
+      or with key_block FB (16 | 32) k[l] feature-blocked [B, KVH, D / FB, L_max, FB]
+      (santa_cupy.key_layout: key_layout "blocked", what the dense kernel reads on the GPU), v[l] as before;
     - paged (PagedKVCache): k[l], v[l] are page pools [num_pages, page_size, KVH, D] (NHD, FlashInfer's
       and vLLM's layout) and one block table [B, max_pages] int32 (device array on GPU) maps every
       sequence's rows to pages for all layers; a host-side allocator hands out pages as sequences grow.
@@ -21,15 +23,21 @@ class KVCache:
     `lengths` [B] int32 (device array on GPU) = tokens stored per sequence; `length` is its host
     mirror (all rows are equal); `step` counts decode steps (the SANTA RNG step).
     The model reads and writes through reserve / write_rows / token_index + write_token / read
-    and passes attention_kwargs to santa_cupy, so both forms share one code path."""
+    and passes attention_kwargs to santa_cupy, so both forms share one code path; read gives K in
+    the standard layout whatever the storage (a blocked K: a copy of its first n rows)."""
 
     page_size = None                                  # contiguous
     block_table = None
 
-    def __init__(self, xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype):
-        shape = self._storage_shape(batch, max_len, kvh, head_dim)
+    def __init__(self, xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype, *, key_block=None):
+        from santa_cupy.key_layout import blocked_shape
+        shape = k_shape = self._storage_shape(batch, max_len, kvh, head_dim)
+        self.key_block = None
+        if key_block is not None:
+            k_shape = blocked_shape(shape, key_block)  # ValueError for an FB not in 16 | 32, a D not its multiple
+            self.key_block = k_shape[-1]
         self.xp = xp
-        self.k = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
+        self.k = [xp.zeros(k_shape, storage_dtype) for _ in range(n_layers)]
         self.v = [xp.zeros(shape, storage_dtype) for _ in range(n_layers)]
         self.lengths = xp.zeros((batch,), xp.int32)
         self._row_ids = xp.arange(batch)              # token_index's sequence ids
@@ -49,6 +57,11 @@ class KVCache:
         return self.page_size is not None
 
     @property
+    def key_layout(self) -> str:
+        """santa_cupy's name of k[l]'s layout: "blocked" with key_block, else "standard"."""
+        return "standard" if self.key_block is None else "blocked"
+
+    @property
     def attention_kwargs(self) -> dict:
         """What santa_cupy's decode_attention / DecodePlan.run need besides q, k, v, lengths."""
         return {}
@@ -60,8 +73,12 @@ class KVCache:
 
     def write_rows(self, layer: int, start: int, k, v):
         """Prefill: k, v [B, T, KVH, D] (storage dtype) into rows start .. start + T - 1 of every sequence."""
+        from santa_cupy.key_layout import to_blocked
         end = start + k.shape[1]
-        self.k[layer][:, start:end] = k
+        if self.key_block is None:
+            self.k[layer][:, start:end] = k
+        else:
+            self.k[layer][:, :, :, start:end] = to_blocked(k, self.key_block)
         self.v[layer][:, start:end] = v
 
     def token_index(self, pos):
@@ -71,12 +88,20 @@ class KVCache:
 
     def write_token(self, layer: int, index, k, v):
         """Decode (array path): k, v [B, KVH, D] into the rows of token_index(pos)."""
-        self.k[layer][index] = k
+        if self.key_block is None:
+            self.k[layer][index] = k
+        else:                                          # [B, KVH, C, FB] at row pos[b] of each block
+            rows, pos = index
+            self.k[layer][rows, :, :, pos] = k.reshape(k.shape[0], k.shape[1], -1, self.key_block)
         self.v[layer][index] = v
 
     def read(self, layer: int, n: int):
         """(k, v) [B, >= n, KVH, D] whose first n rows are every sequence's rows 0 .. n - 1 (contiguous:
-        the cache arrays themselves; paged: the sequences' pages gathered)."""
+        the cache arrays themselves, or with a blocked K its first n rows converted (a copy) and
+        a view of V's; paged: the sequences' pages gathered)."""
+        if self.key_block is not None:
+            from santa_cupy.key_layout import from_blocked
+            return from_blocked(self.k[layer][:, :, :, :n]), self.v[layer][:, :n]
         return self.k[layer], self.v[layer]
 
     def advance(self, on_device: bool = True):
@@ -146,7 +171,7 @@ class PagedKVCache(KVCache):
         self.num_pages = int(batch) * self.max_pages if num_pages is None else int(num_pages)
         if self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
-        super().__init__(xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype)
+        super().__init__(xp, n_layers, batch, max_len, kvh, head_dim, storage_dtype)   # K standard: no paged blocked form
         self.allocator = PageAllocator(self.num_pages, page_seed)
         self.table = np.zeros((batch, self.max_pages), np.int32)
         self.block_table = self.table if xp is np else xp.zeros((batch, self.max_pages), xp.int32)

@@ -143,10 +143,12 @@ class LlamaModel:
         return cls(cfg, w, xp, device, mm_dtype, kv_dtype)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None, *, page_size: int | None = None,
-                  num_pages: int | None = None, page_seed: int | None = None) -> KVCache:
+                  num_pages: int | None = None, page_seed: int | None = None, key_block: int | None = None) -> KVCache:
         """A KV cache for `batch` sequences of up to `max_len` tokens: contiguous (page_size None), or
         paged (PagedKVCache: pages of page_size rows, 1..256, from a pool of num_pages, default enough
-        for every sequence at max_len; page_seed shuffles the pool's order)."""
+        for every sequence at max_len; page_seed shuffles the pool's order). key_block FB (16 | 32,
+        contiguous only): K stored feature-blocked (KVCache; on the GPU the decode attention is then
+        santa_cupy's dense kernel on that layout, method "dense" only)."""
         P = self.cfg.max_position_embeddings
         max_len = P if max_len is None else int(max_len)
         if not 1 <= max_len <= P:
@@ -155,7 +157,9 @@ class LlamaModel:
         if page_size is None:
             if num_pages is not None or page_seed is not None:
                 raise ValueError("num_pages and page_seed need a paged cache (page_size)")
-            return KVCache(*args)
+            return KVCache(*args, key_block=key_block)
+        if key_block is not None:
+            raise ValueError("key_block (a feature-blocked K) has no paged form: give page_size or key_block, not both")
         return PagedKVCache(*args, page_size=page_size, num_pages=num_pages, page_seed=page_seed)
 
     # ------------------------------------------------------------------ small pieces
@@ -367,10 +371,12 @@ class LlamaModel:
             raise ValueError("budget 'one_pass' in llama_min runs on the CPU for now (the GPU decoder would need "
                              "a hint per layer: santa_cupy.DecodePlan.run(lse_hint=...))")
         paged = dict(page_size=cache.page_size, page_layout="NHD") if cache.paged else {}
+        if cache.key_block is not None:            # K feature-blocked: the plan reads that layout
+            att = att.replace(key_block=cache.key_block)
         return santa_cupy.DecodePlan(
             batch=cache.batch, heads=self.H, kv_heads=self.KVH, head_dim=self.D, max_length=cache.max_len,
             dtype=self.kv_dtype, setting=att, scale=float(self.scale), step=cache.step,
-            head_offset=self.head_offset, **paged)
+            head_offset=self.head_offset, key_layout=cache.key_layout, **paged)
 
     def _santa_decode_np(self, att: AttentionSetting, cache: KVCache):
         """-> attn(...) of SANTA at decode step cache.step through santa_cupy.cpu_attention (float32),
@@ -478,7 +484,8 @@ class AttentionHook(Protocol):
 
     layer: int; q [B, H, D] of the KV dtype (rotated); k_cache, v_cache: the layer's cache as the
     attention takes it (CPU: [B, >= n, KVH, D] whose first lengths[b] rows are sequence b's; GPU:
-    the storage, contiguous [B, L_max, KVH, D] or page pools with cache.block_table); lengths [B]
+    the storage, contiguous [B, L_max, KVH, D] or page pools with cache.block_table, a cache with
+    key_block: K blocked [B, KVH, D / FB, L_max, FB], santa_cupy's key_layout "blocked"); lengths [B]
     int32 (the new token included); attend(q, k_cache, v_cache, lengths) -> o [B, H, D] is the
     configured attention of that layer. Return o of that shape and dtype: attend's to observe,
     another to replace it. The arrays are live (the cache is written by later steps; copy what you

@@ -18,6 +18,7 @@ import functools
 import numpy as np
 
 from santa_cupy.kernels import NVRTC_OPTIONS, STORAGE_TYPE, build_source, launch, register_kernel
+from santa_cupy.spec import KEY_BLOCKS
 from santa_cupy.kernels import THREADS as GEMV_THREADS      # gemv.cu blocks: SC_NTHREADS
 
 SOURCE_FILES = ("common.cuh", "decoder_math.cuh", "gemv.cu", "decoder.cu", "sample_tokens.cu")
@@ -137,67 +138,84 @@ def _gemv_operands(x, w, what: str):
     return ("float16" if w.dtype == np.float16 else "bfloat16"), next(b for b in GEMV_TOKENS if b >= n)
 
 
-def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table=None) -> bool:
+def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table=None, key_block=None) -> bool:
     """The rotary + K/V append's operands for n tokens: C-contiguous caches of one dtype (D even),
     [n, L_max, kv_heads, D], or page pools [num_pages, page_size, kv_heads, D] (page_size 1..256)
-    with block_table [n, max_pages] int32 C-contiguous; cos and sin [P, D/2] float32, pos [n] int32."""
+    with block_table [n, max_pages] int32 C-contiguous, or with key_block FB (16 | 32, no table) a
+    feature-blocked k_cache [n, kv_heads, D / FB, L_max, FB] beside v_cache [n, L_max, kv_heads, D];
+    cos and sin [P, D/2] float32, pos [n] int32."""
     import cupy
 
-    D = k_cache.shape[-1]
-    if block_table is None:
-        cache_ok = k_cache.ndim == 4 and k_cache.shape[0] == n
+    from santa_cupy.key_layout import blocked_shape
+
+    D = v_cache.shape[-1]
+    if key_block is not None:
+        cache_ok = (block_table is None and key_block in KEY_BLOCKS and v_cache.ndim == 4 and v_cache.shape[0] == n
+                    and D % key_block == 0 and k_cache.shape == blocked_shape(v_cache.shape, key_block))
+        k_shape = v_cache.shape
+    elif block_table is None:
+        cache_ok = k_cache.ndim == 4 and k_cache.shape[0] == n and v_cache.shape == k_cache.shape
+        k_shape = k_cache.shape
     else:
         cache_ok = (k_cache.ndim == 4 and 1 <= k_cache.shape[1] <= MAX_PAGE_SIZE and isinstance(block_table, cupy.ndarray)
                     and block_table.dtype == cupy.int32 and block_table.ndim == 2 and block_table.shape[0] == n
-                    and block_table.shape[1] >= 1 and block_table.flags.c_contiguous)
-    return (cache_ok and D % 2 == 0 and k_cache.shape[2] == kv_heads and v_cache.shape == k_cache.shape
+                    and block_table.shape[1] >= 1 and block_table.flags.c_contiguous
+                    and v_cache.shape == k_cache.shape)
+        k_shape = k_cache.shape
+    return (cache_ok and D % 2 == 0 and k_shape[2] == kv_heads
             and v_cache.dtype == k_cache.dtype and cos.ndim == 2 and cos.shape[1] == D // 2
             and sin.shape == cos.shape and cos.dtype == cupy.float32 and sin.dtype == cupy.float32
             and pos.shape == (n,) and pos.dtype == cupy.int32
             and all(a.flags.c_contiguous for a in (cos, sin, pos, k_cache, v_cache)))
 
 
-def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table=None) -> str:
+def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table=None, key_block=None) -> str:
     """What _rope_operands_ok was given, for the error message."""
     table = "" if block_table is None else (f", block_table {getattr(block_table, 'dtype', type(block_table).__name__)} "
                                             f"{getattr(block_table, 'shape', '?')}")
+    blocked = "" if key_block is None else f", key_block {key_block!r}"
     return (f"k {k_cache.dtype} {k_cache.shape}, v {v_cache.shape}, cos {cos.dtype} {cos.shape}, "
-            f"pos {pos.dtype} {pos.shape}{table} (H={heads}, KVH={kv_heads})")
+            f"pos {pos.dtype} {pos.shape}{table}{blocked} (H={heads}, KVH={kv_heads})")
 
 
-def _cache_address(k_cache, block_table, pos) -> tuple:
-    """The kernels' row-address arguments (L_max, block_table, max_pages, page_size): contiguous
-    caches [n, L_max, KVH, D] with page_size 0 (the table argument, never read then, is pos: a
-    device array the call has anyway, no allocation), or page pools [num_pages, page_size, KVH, D]
-    with the table (decoder_math.cuh kv_cache_row)."""
+_CACHE_FORMS = ("caches [n, L_max, KVH, D] (or page pools [num_pages, page_size, KVH, D] with block_table "
+                "[n, max_pages] int32, or with key_block FB a blocked k_cache [n, KVH, D / FB, L_max, FB])")
+
+
+def _cache_address(v_cache, block_table, pos, key_block=None) -> tuple:
+    """The kernels' row-address arguments (L_max, block_table, max_pages, page_size, key_block):
+    contiguous caches [n, L_max, KVH, D] with page_size 0 (the table argument, never read then, is
+    pos: a device array the call has anyway, no allocation), K feature-blocked where key_block is
+    given (else 0), or page pools [num_pages, page_size, KVH, D] with the table (decoder_math.cuh
+    kv_cache_row, blocked_key_at)."""
     if block_table is None:
-        return np.int64(k_cache.shape[1]), pos, np.int32(0), np.int32(0)
-    return np.int64(0), block_table, np.int32(block_table.shape[1]), np.int32(k_cache.shape[1])
+        return np.int64(v_cache.shape[1]), pos, np.int32(0), np.int32(0), np.int32(key_block or 0)
+    return np.int64(0), block_table, np.int32(block_table.shape[1]), np.int32(v_cache.shape[1]), np.int32(0)
 
 
 def gemv_rope(x, w, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None,
-              block_table=None):
+              block_table=None, key_block=None):
     """The QKV product and the rotary + K/V append in one launch: what gemv(x, w) followed by
     rope_append(y, ...) does, bit for bit, without the float32 product in between.
 
     x [n, K] and w [(heads + 2 kv_heads) D, K] as for gemv; cos, sin, pos, the caches (float16, or
-    bfloat16 as uint16 bits: kv_dtype; contiguous, or page pools with block_table) and q_out as for
-    rope_append -> q [n, heads, D]."""
+    bfloat16 as uint16 bits: kv_dtype; contiguous, page pools with block_table, or K blocked with
+    key_block) and q_out as for rope_append -> q [n, heads, D]."""
     dtype_name, nb = _gemv_operands(x, w, "gemv_rope")
     n = x.shape[0]
-    D = k_cache.shape[-1]
+    D = v_cache.shape[-1]
     kv = _dtype_name(k_cache, kv_dtype)
     ok = (kv in GEMV_DTYPES and w.shape[0] == (heads + 2 * kv_heads) * D
-          and _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table))
+          and _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table, key_block))
     if not ok:
-        raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], caches [n, L_max, KVH, D] (or page pools "
-                         f"[num_pages, page_size, KVH, D] with block_table [n, max_pages] int32) of float16/bfloat16 "
+        raise ValueError(f"gemv_rope needs w [(H + 2 KVH) D, K], {_CACHE_FORMS} of float16/bfloat16 "
                          f"({kv_dtype}), cos/sin [P, D/2] float32, pos [n] int32; got w {w.shape}, "
-                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table))
+                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table, key_block))
     q = _check_out(q_out, (n, heads, D), k_cache.dtype, "gemv_rope")
     launch(_kernel(("gemv_rope", dtype_name, kv, nb)), (w.shape[0] // 2,),
            (w, x, np.int32(x.shape[1]), np.int32(n), cos, sin, pos, q, k_cache, v_cache, np.int32(heads),
-            np.int32(kv_heads), np.int32(D), *_cache_address(k_cache, block_table, pos)), threads=GEMV_THREADS)
+            np.int32(kv_heads), np.int32(D), *_cache_address(v_cache, block_table, pos, key_block)),
+           threads=GEMV_THREADS)
     return q
 
 
@@ -234,7 +252,7 @@ def rms_norm(x, w, eps: float, out_dtype, out=None):
 
 
 def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int, kv_dtype: str, q_out=None,
-                block_table=None):
+                block_table=None, key_block=None):
     """The decode step's rotary + K/V append for one token per sequence.
 
     qkv [N, (heads + 2 kv_heads) D] (float32 or float16: q, k, v heads in that order),
@@ -245,24 +263,27 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
     Paged caches: k_cache, v_cache page pools [num_pages, page_size, kv_heads, D] (NHD) and
     block_table [N, max_pages] int32 (a C-contiguous CuPy array: sequence n's page ids in order);
     row pos[n] is slot pos[n] % page_size of page block_table[n, pos[n] // page_size]. That page
-    must be in the table (not checked: the entries live on the device)."""
+    must be in the table (not checked: the entries live on the device).
+
+    key_block FB (16 | 32; contiguous caches only): k_cache is feature-blocked, [N, kv_heads,
+    D / FB, L_max, FB] (santa_cupy.key_layout.to_blocked of the standard K), v_cache as above."""
     N = qkv.shape[0]
-    D = k_cache.shape[-1]
+    D = v_cache.shape[-1]
     p = np.dtype(qkv.dtype).name
     kv = _dtype_name(k_cache, kv_dtype)
     ok = (p in PRODUCT_DTYPES and qkv.ndim == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * D
-          and qkv.flags.c_contiguous and _rope_operands_ok(N, kv_heads, cos, sin, pos, k_cache, v_cache, block_table))
+          and qkv.flags.c_contiguous
+          and _rope_operands_ok(N, kv_heads, cos, sin, pos, k_cache, v_cache, block_table, key_block))
     if not ok:
-        raise ValueError(f"rope_append needs C-contiguous qkv [N, (H + 2 KVH) D] (float32/float16), caches "
-                         f"[N, L_max, KVH, D] (or page pools [num_pages, page_size, KVH, D] with block_table "
-                         f"[N, max_pages] int32) of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
+        raise ValueError(f"rope_append needs C-contiguous qkv [N, (H + 2 KVH) D] (float32/float16), "
+                         f"{_CACHE_FORMS} of {kv_dtype}, cos/sin [P, D/2] float32, pos [N] int32; got qkv "
                          f"{qkv.dtype} {qkv.shape}, "
-                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table))
+                         + _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table, key_block))
     q = _check_out(q_out, (N, heads, D), k_cache.dtype, "rope_append")
     pairs = (heads + 2 * kv_heads) * D // 2
     launch(_kernel(("rope_append", p, kv)), (N, -(-pairs // THREADS)),
            (qkv, cos, sin, pos, q, k_cache, v_cache, np.int32(heads), np.int32(kv_heads), np.int32(D),
-            *_cache_address(k_cache, block_table, pos)), threads=THREADS)
+            *_cache_address(v_cache, block_table, pos, key_block)), threads=THREADS)
     return q
 
 

@@ -30,10 +30,12 @@ def rms_norm(x, w, eps):
     return x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * to_float64(w)
 
 
-def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype):
+def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype, key_block=None):
     """decoder.cu rope_append in float32, each product and sum rounded (no FMA), as the kernel:
-    -> q [N, heads, D] of kv_dtype; writes rotated k and v into row pos[n] of the (NumPy) caches."""
-    N, D = qkv.shape[0], k_cache.shape[-1]
+    -> q [N, heads, D] of kv_dtype; writes rotated k and v into row pos[n] of the (NumPy) caches
+    [N, L_max, KVH, D], with key_block FB the rotated k into the blocked k_cache [N, KVH, D / FB,
+    L_max, FB] (santa_cupy.key_layout) instead."""
+    N, D = qkv.shape[0], v_cache.shape[-1]
     h = D // 2
     x = spec.to_float32(qkv, np).reshape(N, heads + 2 * kv_heads, D)
     c, s = cos[pos][:, None, :].astype(F32), sin[pos][:, None, :].astype(F32)     # [N, 1, D/2]
@@ -41,7 +43,11 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype)
     rot = np.concatenate([a * c - b * s, b * c + a * s], axis=-1)                 # float32 ops
     store = lambda t: spec.from_float32(t, kv_dtype, np)  # noqa: E731
     rows = np.arange(N)
-    k_cache[rows, pos] = store(rot[:, heads:heads + kv_heads])
+    k = store(rot[:, heads:heads + kv_heads])                                       # [N, KVH, D]
+    if key_block is None:
+        k_cache[rows, pos] = k
+    else:                                                                           # [N, KVH, C, FB] at row pos[n]
+        k_cache[rows, :, :, pos] = k.reshape(N, kv_heads, D // key_block, key_block)
     v_cache[rows, pos] = store(x[:, heads + kv_heads:])
     return store(rot[:, :heads])
 

@@ -74,14 +74,16 @@ class _PlanLaunches:
 
     def _dense(self, q, k_cache, v_cache, lengths, out, pages):
         """The split-KV kernel; v4 also merges (its last block per KV group), given the counters.
-        pages: _page_args."""
+        pages: _page_args; a blocked K (decode_dense_mma_blocked, contiguous) takes key_block in
+        their place."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         args = (q, k_cache, v_cache, lengths, f32(self.scale), i32(self.split_target), i32(self.B), i32(self.H),
                 i32(self.KVH), i64(self.L_max), self.part_o, self.part_s, i32(self.P_max))
         if self.dense_kernel == "mma":
             args += (i32(self.dense_merges_itself), self.merge_counters, out, self.lse, self.spread,
                      i32(self.santa_from), self.rows_read)
-        self._launch(self._dense_fn, (self.KVH, self.dense_pairs), args + pages,
+        tail = (i32(self.key_block),) if self.key_block else pages
+        self._launch(self._dense_fn, (self.KVH, self.dense_pairs), args + tail,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
     def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0, layer=0):

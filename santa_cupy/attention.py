@@ -71,10 +71,12 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
         samples the whole model's heads draw); 0 otherwise.
     key_layout : str
         "standard" (k_cache [B, L_max, KVH, D]) or "blocked": k_cache is [B, KVH, C, L_max, FB]
-        (santa_cupy.key_layout.to_blocked with FB = key_block), the layout block key sampling
-        needs on the GPU; NumPy inputs take it too (converted back for the reference). A rank-5
-        k_cache without key_layout="blocked" is a ValueError, and so is "blocked" without
-        key_sampling="bernoulli_block".
+        (santa_cupy.key_layout.to_blocked), the layout block key sampling needs on the GPU
+        (FB = key_block), which method "dense" without key sampling reads too (exact attention;
+        FB = k_cache.shape[4]; on the GPU fp16 / bf16 at D 64 / 128); NumPy inputs take it as well
+        (converted back for the reference). A rank-5 k_cache without key_layout="blocked" is a
+        ValueError, and so is "blocked" without key_sampling="bernoulli_block" or method "dense",
+        or with a block_table.
 
     Returns
     -------
@@ -112,6 +114,8 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     setting = AttentionSetting.from_fields(setting, **setting_fields)      # validates the fields
     blocked_k = None                      # the GPU's blocked K (k_cache then stands for its standard shape)
     if _blocked_keys(k_cache, v_cache, setting, key_layout, block_table):
+        if not setting.key_sampled and getattr(k_cache, "ndim", 0) == 5 and k_cache.shape[4] in spec.KEY_BLOCKS:
+            setting = setting.replace(key_block=int(k_cache.shape[4]))     # dense: the blocked K's own FB
         if spec.is_cupy_array(q):
             blocked_k, k_cache = k_cache, v_cache
         else:
@@ -270,14 +274,16 @@ def clear_plan_cache() -> None:
 
 def _blocked_keys(k_cache, v_cache, setting, key_layout, block_table) -> bool:
     """Whether k_cache is in the blocked layout (key_layout "blocked"), after the checks: a rank-5
-    K without it, "blocked" without block key sampling or with a block table: ValueError."""
+    K without it, "blocked" without block key sampling or method "dense" (no key sampling), or
+    with a block table: ValueError."""
     key_layouts.check_key_layout(key_layout)
     if key_layout == "standard":
         check_standard_keys(k_cache)
         return False
-    if setting.key_sampling != "bernoulli_block":
-        raise ValueError(f"key_layout='blocked' is the layout of block key sampling: it needs "
-                         f"key_sampling='bernoulli_block', got {setting.key_sampling!r}")
+    if setting.key_sampling != "bernoulli_block" and (setting.key_sampled or setting.method != "dense"):
+        raise ValueError(f"key_layout='blocked' is read by block key sampling (it needs "
+                         f"key_sampling='bernoulli_block') and by method 'dense' without key sampling; got "
+                         f"method={setting.method!r}, key_sampling={setting.key_sampling!r}")
     if block_table is not None:
         raise ValueError("key_layout='blocked' has no paged form: pass a contiguous cache (no block_table)")
     return True

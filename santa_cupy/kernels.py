@@ -93,6 +93,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
         names["dense"] = f"decode_dense_partial<{t}, {d}, {g}>"
         if mma_supported(dtype_name, head_dim):
             names["dense_mma"] = f"decode_dense_mma<{t}, {d}, {g}>"
+            names["dense_mma_blocked"] = f"decode_dense_mma_blocked<{t}, {d}, {g}>"   # a blocked K
         return names
     bn = int(role.removeprefix("santa"))
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
@@ -217,6 +218,7 @@ class KernelSet:
     advance: object
     dense: object = None
     dense_mma: object = None
+    dense_mma_blocked: object = None
     score: object = None
     score_mma: object = None
     tile: object = None

@@ -11,6 +11,9 @@ for bit, scores in float32.
 K bytes of blocks no draw selected are never read: a NaN or inf there does not reach the scores
 (the reference, which multiplies them by a zero weight, gives NaN).
 
+``key_layout_choice`` holds a plan's key-layout checks, also those of dense attention on a
+blocked K (no key sampling: decode_dense_mma_blocked, cuda/decode_dense.cu; check_dense_blocked).
+
 Supported: key_sampling "bernoulli_block", rules "uniform" | "qmax" | "qrms" (not "qkvar", which
 needs statistics of K the cache does not keep), both combines, R 1..256, FB 16 | 32, fp16 / bf16
 at head_dim 64 / 128, contiguous caches (no paged blocked layout).
@@ -27,7 +30,7 @@ from santa_cupy import key_layout as _key_layout
 from santa_cupy.kernel_choice import KernelChoice
 
 __all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
-           "key_layout_choice", "key_sampling_choice", "check_standard_keys"]
+           "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "check_standard_keys"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -205,17 +208,17 @@ def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
     return scores, info
 
 
-def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group, head_offset=0):
+def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group, head_offset=0, dense_kernel="auto"):
     """The plan's key layout, checked against its setting: key sampling on the GPU needs
-    "blocked" (NotImplementedError saying so for "standard"), "blocked" needs block key sampling
-    (ValueError), a paged cache has no blocked form (ValueError); the GPU's limits of key sampling
-    (key_pass.check_gpu_key_setting)."""
+    "blocked" (NotImplementedError saying so for "standard"); without key sampling "blocked" is
+    method "dense" on the tensor-core kernel (check_dense_blocked, ValueError otherwise); a paged
+    cache has no blocked form (ValueError); the GPU's limits of key sampling
+    (key_pass.check_gpu_key_setting). dense_kernel: the plan's KernelChoice.dense_kernel."""
     key_layout = _check_key_layout(key_layout)
     if not setting.key_sampled:
         if key_layout == "blocked":
-            raise ValueError(f"key_layout='blocked' is the layout of block key sampling: it needs "
-                             f"key_sampling='bernoulli_block' (the setting {str(setting)!r} has none); pass "
-                             "a standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
+            check_dense_blocked(setting, dtype=dtype, head_dim=head_dim, page_size=page_size,
+                                dense_kernel=dense_kernel)
         return key_layout
     if setting.method != "santa":
         raise NotImplementedError(f"key sampling on the GPU runs with method 'santa' (its value stage reads the "
@@ -228,6 +231,24 @@ def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group,
         raise ValueError("key_layout='blocked' has no paged form: key sampling on the GPU needs a contiguous cache "
                          "(page_size=None)")
     return key_layout
+
+
+def check_dense_blocked(setting, *, dtype, head_dim, page_size, dense_kernel="auto"):
+    """ValueError unless the GPU runs ``setting`` (no key sampling) on a blocked K: method "dense"
+    on the tensor-core kernel (decode_dense_mma_blocked: dtype and head_dim of
+    kernels.mma_supported, dense_kernel "auto" | "mma") with a contiguous cache."""
+    if setting.method != "dense":
+        raise ValueError(f"key_layout='blocked' is read by block key sampling (it needs key_sampling='bernoulli_block') "
+                         f"and by the dense kernel (method 'dense'); the setting {str(setting)!r} has neither: pass a "
+                         "standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
+    if not kernels.mma_supported(dtype, head_dim) or dense_kernel == "stream":
+        raise ValueError(f"dense attention on a blocked K runs on the tensor-core kernel only: dtype in "
+                         f"{kernels.MMA_DTYPES}, head_dim in {kernels.MMA_HEAD_DIMS}, dense_kernel 'auto' or 'mma'; "
+                         f"got dtype={dtype!r}, head_dim={head_dim}, dense_kernel={dense_kernel!r} (pass a standard "
+                         "[B, L_max, KVH, D] K: santa_cupy.key_layout.from_blocked)")
+    if page_size is not None:
+        raise ValueError("key_layout='blocked' has no paged form: dense attention on a blocked K needs a contiguous "
+                         "cache (page_size=None)")
 
 
 def _check_key_layout(value):
@@ -249,5 +270,5 @@ def check_standard_keys(k_cache):
     """A rank-5 K given to a plan or call without key_layout='blocked': ValueError saying so."""
     if getattr(k_cache, "ndim", 0) == 5:
         raise ValueError(f"k_cache has rank 5, the blocked key layout [B, KVH, C, L_max, FB] "
-                         f"({spec.describe(k_cache)}): pass key_layout='blocked' with key_sampling='bernoulli_block', "
-                         "or a standard [B, L_max, KVH, D] K")
+                         f"({spec.describe(k_cache)}): pass key_layout='blocked' (with key_sampling='bernoulli_block' "
+                         "or method 'dense'), or a standard [B, L_max, KVH, D] K")

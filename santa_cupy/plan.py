@@ -2,7 +2,9 @@
 
 GPU pipeline per call (all on the current stream, no host sync, graph-capturable):
   dense:  decode_dense_mma (split-KV; with <= 32 splits a KV group its last block merges, else
-          -> santa_merge), or decode_dense_partial (split-KV, fp32 / D 256) -> santa_merge
+          -> santa_merge), or decode_dense_partial (split-KV, fp32 / D 256) -> santa_merge;
+          on a blocked K (key_layout="blocked", no key sampling) decode_dense_mma_blocked, the
+          same kernel addressing K feature-blocked (fp16 / bf16 at D 64 / 128)
   santa, warp pipeline (systematic sampler, G <= 8, fp16/bf16 at D 64/128; every budget; the default):
         [decode_dense_mma for the sequences shorter than santa_from: the dense fallback]
         -> santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
@@ -77,10 +79,13 @@ class DecodePlan(_PlanLaunches):
         first head; 0 otherwise), see ``decode_attention``.
     key_layout : str
         "standard": k_cache [B, L_max, KVH, D]; "blocked": [B, KVH, C, L_max, FB]
-        (santa_cupy.key_layout.to_blocked, FB = the setting's key_block), the layout of block key
-        sampling (key_sampling "bernoulli_block", santa_cupy/key_pass.py: method santa, rules
-        uniform | qmax | qrms, fp16 / bf16 at head_dim 64 / 128, contiguous caches), which then
-        reads only the K blocks its draws select. V keeps the standard layout.
+        (santa_cupy.key_layout.to_blocked, FB = the setting's key_block, 16 | 32), the layout of
+        block key sampling (key_sampling "bernoulli_block", santa_cupy/key_pass.py: method santa,
+        rules uniform | qmax | qrms, fp16 / bf16 at head_dim 64 / 128, contiguous caches), which
+        then reads only the K blocks its draws select; without key sampling, method "dense" reads
+        it (exact attention, fp16 / bf16 at head_dim 64 / 128, contiguous caches:
+        ``DecodePlan(..., method="dense", key_layout="blocked", key_block=32)``). V keeps the
+        standard layout.
     **setting_fields
         method, samples, sampler, budget, seed, block_n, santa_min_length: change those fields of
         ``setting`` (``DecodePlan(..., samples=64)``).
@@ -114,7 +119,8 @@ class DecodePlan(_PlanLaunches):
             raise TypeError(f"_kernels must be a santa_cupy.kernel_choice.KernelChoice, got {type(choice).__name__}")
         self.key_layout = key_pass.key_layout_choice(setting, key_layout, page_size, dtype=dtype, head_dim=head_dim,
                                             group=heads // kv_heads if kv_heads and heads % kv_heads == 0 else 1,
-                                            head_offset=self.head_offset)
+                                            head_offset=self.head_offset, dense_kernel=choice.dense_kernel)
+        self.key_block = setting.key_block if self.key_layout == "blocked" else None   # FB of a blocked K
         if setting.key_sampled:              # santa_score_keys' route: the block pass 2 and santa_merge
             choice = key_pass.key_sampling_choice(choice)
         self.setting, self._choice = setting, choice
@@ -151,8 +157,9 @@ class DecodePlan(_PlanLaunches):
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
         tiles_per_warp = choice.tiles_per_warp
         self.kernels = kernels.get_kernels(dtype, head_dim, self.G, self.block_n, method)
-        self._dense_fn = {"stream": self.kernels.dense,
-                          "mma": self.kernels.dense_mma}.get(self.dense_kernel)   # the split-KV kernel
+        self._dense_fn = {"stream": self.kernels.dense,       # the split-KV kernel
+                          "mma": self.kernels.dense_mma_blocked if self.key_block else self.kernels.dense_mma,
+                          }.get(self.dense_kernel)
         # the merge: 8 partials in flight per warp where its (H, B) grid is at most one wave of SMs
         # (latency-bound), else 4 (fewer registers, two blocks per SM)
         wide = choice.merge_wide
@@ -397,8 +404,9 @@ class DecodePlan(_PlanLaunches):
         """The inputs' shapes and dtypes against the plan's (no data read), and a paged plan's block
         table (a host sync)."""
         layout = self.page_layout if self.page_size is not None else None
-        if self.key_pass is not None:        # blocked K: V stands in for K in the standard checks
-            self.key_pass.check_keys(k_cache)
+        if self.key_block:                   # blocked K: V stands in for K in the standard checks
+            key_pass.validate_blocked_keys(k_cache, batch=self.B, kv_heads=self.KVH, head_dim=self.D,
+                                           max_length=self.L_max, key_block=self.key_block, dtype=self.dtype)
             k_cache = v_cache
         else:
             key_pass.check_standard_keys(k_cache)

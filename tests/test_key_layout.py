@@ -52,3 +52,27 @@ def test_not_an_array():
         key_layout.to_blocked([[1.0]], 16)
     with pytest.raises(ValueError, match="key_layout"):
         key_layout.check_key_layout("NHD")
+
+
+@pytest.mark.parametrize("FB", [16, 32])
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_kernels_blocked_addresses_are_to_blockeds_layout(FB, D):
+    """The element offsets the CUDA code forms on a blocked K, modelled here, address what
+    to_blocked put there: tile.cuh BlockedKeyRows::row / piece with mma.cuh's blocked
+    load_key_slice (piece t + 4i of row j at piece t + 32 i L_max: thread t's slice, MmaQuery's
+    order) and decoder_math.cuh blocked_key_at (element f of row p)."""
+    rng = np.random.default_rng(D + FB)
+    B, L_max, KVH = 2, 37, 3
+    k = rng.standard_normal((B, L_max, KVH, D)).astype(np.float32)
+    flat = key_layout.to_blocked(k, FB).ravel()
+    for b, g, j in ((0, 0, 0), (1, 2, 36), (1, 0, 17)):
+        row = (b * KVH + g) * D * L_max + j * FB                                   # BlockedKeyRows::row
+        for t in range(4):
+            f0 = 8 * t
+            piece = row + (f0 & ~(FB - 1)) * L_max + (f0 & (FB - 1))              # BlockedKeyRows::piece
+            for i in range(D // 32):                                               # load_key_slice
+                at = piece + i * 32 * L_max
+                np.testing.assert_array_equal(flat[at:at + 8], k[b, j, g, f0 + 32 * i:f0 + 32 * i + 8])
+        for f in range(D):                                                         # blocked_key_at
+            at = (((b * KVH + g) * (D // FB) + f // FB) * L_max + j) * FB + f % FB
+            assert flat[at] == k[b, j, g, f]

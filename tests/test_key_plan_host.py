@@ -22,7 +22,7 @@ def blocked_inputs(FB=16):
 
 
 def plan(setting=KEYS, **kw):
-    return DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=setting,
+    return DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=kw.pop("head_dim", D), max_length=L, setting=setting,
                       key_layout=kw.pop("key_layout", "blocked"), **kw)
 
 
@@ -161,3 +161,98 @@ def test_tiles_per_block_fits_whole_waves():
     assert tiles_per_block(1000, 1, 660) == 2        # one long sequence: one wave of 2-tile runs
     assert tiles_per_block(1, 1, 660) == 1
     assert all(1 <= tiles_per_block(t, g, 500) <= 8 for t in (1, 7, 300, 5000) for g in (1, 3, 128))
+
+
+# ---- dense attention on a blocked K (no key sampling): decode_dense_mma_blocked ----------------
+
+def _same_args(a, b):
+    """Two plans' launch arguments alike: arrays of one shape and dtype (each plan has its own
+    workspaces), scalars of one type and value."""
+    def alike(x, y):
+        if isinstance(x, np.ndarray):
+            return isinstance(y, np.ndarray) and x.shape == y.shape and x.dtype == y.dtype
+        return type(x) is type(y) and x == y
+    return len(a) == len(b) and all(alike(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("FB", [16, 32])
+@pytest.mark.parametrize("self_merge_max_splits", [32, 0])
+def test_dense_plan_on_blocked_keys_launches_the_blocked_kernel(launches, FB, self_merge_max_splits):
+    """A dense plan with key_layout="blocked" launches decode_dense_mma_blocked with the standard
+    plan's arguments (the blocked K in k's place, key_block FB in the page arguments' place), and
+    santa_merge after it exactly when the standard plan does."""
+    q, kb, v, lengths = blocked_inputs(FB)
+    _, k, _, _ = test_plan_host._inputs(B=B, H=H, KVH=KVH, D=D, L=L)
+    choice = KernelChoice(dense_splits=5, self_merge_max_splits=self_merge_max_splits)
+    p = plan("dense", key_block=FB, _kernels=choice)
+    assert (p.key_layout, p.key_block, p.dense_kernel) == ("blocked", FB, "mma")
+    p.run(q, kb, v, lengths)
+    blocked = list(launches)
+    launches.clear()
+    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting="dense", _kernels=choice).run(
+        q, k, v, lengths)
+    standard = list(launches)
+    assert [n for n, *_ in blocked] == ["decode_dense_mma_blocked"] + ["santa_merge"] * (not self_merge_max_splits)
+    assert [n for n, *_ in standard] == ["decode_dense_mma"] + ["santa_merge"] * (not self_merge_max_splits)
+    (_, grid, block, args, smem), (_, grid_s, block_s, args_s, smem_s) = blocked[0], standard[0]
+    assert (grid, block, smem) == (grid_s, block_s, smem_s)
+    assert args[1] is kb and args[0] is q and args[2] is v
+    assert _same_args(args[3:-1], args_s[3:-4])            # all but K and the layout's last arguments
+    assert type(args[-1]) is np.int32 and int(args[-1]) == FB
+    for (_, *rest), (_, *rest_s) in zip(blocked[1:], standard[1:]):      # the merge: the same launch
+        assert rest[:2] == rest_s[:2] and rest[3] == rest_s[3] and _same_args(rest[2], rest_s[2])
+    launches.clear()
+    stages = p.stage_launchers(q, kb, v, lengths)
+    for launch in stages.values():
+        launch()
+    assert [n for n, *_ in launches] == [n for n, *_ in blocked]
+
+
+def test_dense_plan_on_blocked_keys_refusals(launches):
+    q, kb, v, lengths = blocked_inputs(16)
+    _, k, _, _ = test_plan_host._inputs(B=B, H=H, KVH=KVH, D=D, L=L)
+    for kw in (dict(dtype="float32"), dict(head_dim=256), dict(head_dim=256, dtype="float16"),
+               dict(_kernels=KernelChoice(dense_kernel="stream"))):
+        with pytest.raises(ValueError, match="tensor-core kernel only"):
+            plan("dense", **kw)
+    with pytest.raises(ValueError, match="no paged form"):
+        plan("dense", page_size=16)
+    with pytest.raises(ValueError, match="method 'dense'"):
+        plan("systematic/global/S=64")
+    p = plan("dense")                                       # key_block 16
+    with pytest.raises(ValueError, match=r"FB = key_block 16"):
+        p.run(q, key_layout.to_blocked(np.asarray(k), 32).view(FakeArray), v, lengths)
+    with pytest.raises(ValueError, match="blocked layout"):
+        p.run(q, k, v, lengths)
+    with pytest.raises(TypeError, match="dtype"):
+        p.run(q, kb.astype(np.float16).view(FakeArray), v, lengths)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        p.run(q, np.asfortranarray(np.asarray(kb)).view(FakeArray), v, lengths)
+    dense = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting="dense")
+    with pytest.raises(ValueError, match="pass key_layout='blocked'"):
+        dense.run(q, kb, v, lengths)
+    santa_cupy.clear_plan_cache()
+    with pytest.raises(ValueError, match="method 'dense' without key sampling"):
+        decode_attention(q, kb, v, lengths, "systematic/global/S=64", key_layout="blocked")
+    with pytest.raises(ValueError, match="method 'dense' without key sampling"):
+        decode_attention(q, kb, v, lengths, "dense/keys=bernoulli:R=2", key_layout="blocked")
+    with pytest.raises(ValueError, match="no paged form"):
+        decode_attention(q, kb, v, lengths, "dense", key_layout="blocked", block_table=np.zeros((B, 1), np.int32))
+    assert not launches and not santa_cupy.attention._plans.plans
+
+
+@pytest.mark.parametrize("FB", [16, 32])
+def test_numpy_dense_on_a_blocked_key_is_the_reference(FB):
+    """NumPy inputs: dense on a blocked K (its FB from the array) is the reference on the standard
+    K, bit for bit; santa without key sampling refuses the blocked layout."""
+    rs = np.random.default_rng(FB)
+    q = rs.standard_normal((3, 4, 64)).astype(np.float32)
+    k = rs.standard_normal((3, 37, 2, 64)).astype(np.float32)
+    v = rs.standard_normal((3, 37, 2, 64)).astype(np.float32)
+    lengths = np.array([37, 1, 20])
+    o, info = decode_attention(q, k, v, lengths, "dense", return_info=True)
+    ob, info_b = decode_attention(q, key_layout.to_blocked(k, FB), v, lengths, "dense", return_info=True,
+                                  key_layout="blocked")
+    assert np.array_equal(o, ob) and np.array_equal(info.lse, info_b.lse)
+    with pytest.raises(ValueError, match="method 'dense' without key sampling"):
+        decode_attention(q, key_layout.to_blocked(k, FB), v, lengths, "systematic/global/S=8", key_layout="blocked")

@@ -5,7 +5,7 @@
 # sanitizer case (tests/test_gpu_shared_memory.py, compute-sanitizer per case, is left out). Logs under $OUT (or ./out): gpu_attention.log, gpu_decoder.log, memcheck.log.
 #   SANTA_CUPY_COMMIT=<hash> PART=attention bash tools/verify_gpu.sh    # then PART=decoder
 # PART: attention | decoder | all (default; both halves and memcheck may exceed one 600 s call:
-# ~490 attention tests, ~310 decoder ones, ~0.5 s each, plus ~50 s of module compiles);
+# ~530 attention tests, ~310 decoder ones, ~0.5 s each, plus ~50 s of module compiles);
 # HALF_TIMEOUT (s, default 230) bounds each half; PYTEST_K adds a -k expression to both.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -21,7 +21,8 @@ half() {   # name, test files...
 }
 P=${PART:-all}
 [ "$P" = decoder ] || half attention tests/test_gpu_kernels.py tests/test_gpu_contracts.py tests/test_gpu_paged.py tests/test_gpu_jax.py \
-  tests/test_fuzz_api.py tests/test_gpu_interop.py tests/test_gpu_one_pass.py tests/test_gpu_key_sampling.py
+  tests/test_fuzz_api.py tests/test_gpu_interop.py tests/test_gpu_one_pass.py tests/test_gpu_key_sampling.py \
+  tests/test_gpu_blocked_keys.py
 [ "$P" = attention ] || half decoder tests/test_gpu_decoder.py tests/test_gpu_gemv.py tests/test_gpu_sampling.py tests/test_model.py \
   tests/test_paged_cache.py tests/test_gpu_ruler.py tests/test_gpu_examples.py tests/test_evaluate.py tests/test_bench.py \
   tests/test_default_model.py tests/test_attention_hook.py
