@@ -1,0 +1,68 @@
+"""DecodePlan's sizing: the dense fallback's length, tiles per warp of the warp kernels and the
+dense kernel's splits, from the plan's shape, its kernel choice and the device (a mixin of
+santa_cupy.plan.DecodePlan; its attributes are the plan's)."""
+
+from __future__ import annotations
+
+from santa_cupy import kernels, spec
+
+
+class _PlanSizing:
+    def _santa_from(self, santa_min_length):
+        """The length from which a sequence runs santa (shorter ones run dense): "auto" derives it
+        from the shape and the device (kernels.santa_min_length), an integer >= 0 sets it (0 or 1:
+        santa for every sequence, e.g. to study the estimator at short lengths). Only the two-launch
+        pipeline (warp pass 2) mixes the two per sequence; other santa plans run santa throughout."""
+        if santa_min_length == "auto":
+            if not self._warp:
+                return 0
+            import cupy
+            return kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
+                                            kernels.device_bandwidth(cupy.cuda.Device().attributes))
+        if santa_min_length > 1 and self.one_pass:
+            raise ValueError(f"santa_min_length={santa_min_length}: budget {spec.ONE_PASS!r} has no dense fallback "
+                             "(use 'auto', 0 or 1)")
+        if santa_min_length > 1 and not self._warp:
+            raise ValueError(f"santa_min_length={santa_min_length} needs the two-launch santa pipeline (systematic "
+                             f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "
+                             f"got tile_kernel={self.tile_kernel!r}")
+        return int(santa_min_length)
+
+    def _tiles_per_warp(self, kernel, smem):
+        """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        slots = kernels.resident_blocks(kernel, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.tiles_per_warp(self.T_max, self.B * self.KVH, slots)
+
+    def _dense_splits(self):
+        """(part_rows, P_max, split_target, pairs) of the dense kernel.
+
+        A batch of equal lengths (the longest the kernel handles: L_max, or a santa plan's dense
+        fallback's) takes ``splits`` splits of ``part_rows`` rows a sequence: whole waves of resident
+        blocks over B * KVH * splits, splits of >= 256 rows (kernels.wave_fitted_parts), or
+        KernelChoice(dense_splits=N); rows a multiple of 16, so at most that many splits. The kernel
+        balances other lengths on the device (cuda/common.cuh dense_split): split_target = B *
+        splits blocks a KV head shared in proportion to the lengths, at most P_max splits a
+        sequence (the workspaces' count: up to the self-merge's cap when the split is automatic,
+        ``splits`` when forced); the grid has ``pairs`` blocks a KV head, enough for any lengths."""
+        longest = self._dense_rows
+        splits = self._forced_dense_splits or self._wave_fitted_dense_splits()
+        if longest < self.L_max:             # a santa plan's fallback: it must merge in its last block
+            splits = min(splits, self._choice.self_merge_max_splits)
+        rows = -(-longest // splits)
+        rows = -(-rows // 16) * 16           # whole 16-row steps (the mma kernel's step per warp)
+        splits = -(-longest // rows)
+        target = self.B * splits
+        P_max = splits if self._forced_dense_splits else min(
+            target, max(splits, self._choice.self_merge_max_splits), -(-longest // 16))
+        return rows, P_max, target, min(target + self.B, self.B * P_max)
+
+    def _wave_fitted_dense_splits(self):
+        import cupy
+
+        attrs = cupy.cuda.Device().attributes
+        smem = kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel)
+        slots = kernels.resident_blocks(self._dense_fn, kernels.THREADS, smem, attrs) * attrs["MultiProcessorCount"]
+        return kernels.wave_fitted_parts(self.B * self.KVH, max(1, -(-self._dense_rows // 256)), slots)
