@@ -75,31 +75,39 @@ def e2e_derived(rows: list[dict], ceiling_tbps: float | None, floor_bytes: int) 
     return rows
 
 
+def random_model_config(m: ModelShape, L_max: int, source: str):
+    """The llama_min LlamaConfig of a shape (no checkpoint behind it)."""
+    from llama_min.config import LlamaConfig
+
+    return LlamaConfig(hidden_size=m.hidden, intermediate_size=m.intermediate, num_hidden_layers=m.layers,
+                       num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+                       rms_norm_eps=m.eps, rope_theta=m.rope_theta, rope_scaling=None, max_position_embeddings=L_max,
+                       vocab_size=m.vocab, tie_word_embeddings=False, bos_token_id=None, source=source)
+
+
+def random_weights(cp, layers: int, d: int, shapes: dict) -> dict:
+    """llama_min's weight dict on the current GPU: random fp16 products of ``shapes`` ({name: (rows,
+    cols)}: qkv, o, gate_up, down, lm_head; scaled 1/sqrt(cols)), unit norms; the embedding [vocab
+    rows, d] drawn like lm_head."""
+    def w(name):
+        rows, cols = shapes[name]
+        return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
+
+    blocks = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w("qkv"), "wo": w("o"),
+               "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w("gate_up"), "w_down": w("down")}
+              for _ in range(layers)]
+    return {"embed": w("lm_head"), "lm_head": w("lm_head"), "norm": cp.ones((d,), cp.float32), "layers": blocks}
+
+
 def random_llama(cp, m: ModelShape, B: int, L: int, L_max: int, page_size: int | None = None):
     """-> (llama_min LlamaModel, KVCache): the e2e model when no --model is given. Random fp16
     weights generated on the GPU (no download), unit norms, and a cache of random fp16 K/V
     holding L tokens of every sequence (no prefill; paged with page_size: see _fill_random_kv).
     The decode step is llama_min's own."""
-    from llama_min.config import LlamaConfig
     from llama_min.model import LlamaModel
 
-    cfg = LlamaConfig(hidden_size=m.hidden, intermediate_size=m.intermediate, num_hidden_layers=m.layers,
-                      num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
-                      rms_norm_eps=m.eps, rope_theta=m.rope_theta, rope_scaling=None, max_position_embeddings=L_max,
-                      vocab_size=m.vocab, tie_word_embeddings=False, bos_token_id=None,
-                      source="bench e2e (random weights)")
-    d, shapes = m.hidden, weight_shapes(m)
-
-    def w(name):
-        rows, cols = shapes[name]
-        return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
-
-    layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w("qkv"), "wo": w("o"),
-               "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w("gate_up"), "w_down": w("down")}
-              for _ in range(m.layers)]
-    weights = {"embed": w("lm_head"), "lm_head": w("lm_head"),       # embed: [vocab, d], as lm_head
-               "norm": cp.ones((d,), cp.float32), "layers": layers}
-    model = LlamaModel(cfg, weights, cp, "gpu", "float16", "float16")
+    cfg = random_model_config(m, L_max, "bench e2e (random weights)")
+    model = LlamaModel(cfg, random_weights(cp, m.layers, m.hidden, weight_shapes(m)), cp, "gpu", "float16", "float16")
     cache = e2e_cache(model, B, L_max, page_size)
     _fill_random_kv(cp, model, cache, L)
     return model, cache

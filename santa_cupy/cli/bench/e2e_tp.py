@@ -11,8 +11,8 @@ import os
 
 import click
 
-from santa_cupy.cli.bench.e2e import E2E_ITEMSIZE, ModelShape, _fill_random_kv, e2e_cache, e2e_derived
-from santa_cupy.cli.bench.gpu import random_array
+from santa_cupy.cli.bench.e2e import (E2E_ITEMSIZE, ModelShape, _fill_random_kv, e2e_cache, e2e_derived,
+                                      random_model_config, random_weights)
 from santa_cupy.cli.bench.report import _log, e2e_table, fmt_bytes, write_outputs
 from santa_cupy.cli.bench.timing import measure_ceiling
 
@@ -64,28 +64,15 @@ def check_gpus(cp, tp: int) -> int:
 def random_tp_llama(cp, m: ModelShape, tp: int, B: int, L: int, L_max: int, page_size: int | None = None):
     """-> (rank models, caches), rank r's on GPU r: random fp16 weights of the rank's shard shapes
     generated on its GPU (never a whole model anywhere), its cache of random K/V at L tokens."""
-    from llama_min.config import LlamaConfig
     from llama_min.tensor_parallel import make_rank_model, rank_weight_shapes
 
     plan = tp_plan(m, tp)
-    cfg = LlamaConfig(hidden_size=m.hidden, intermediate_size=m.intermediate, num_hidden_layers=m.layers,
-                      num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
-                      rms_norm_eps=m.eps, rope_theta=m.rope_theta, rope_scaling=None, max_position_embeddings=L_max,
-                      vocab_size=m.vocab, tie_word_embeddings=False, bos_token_id=None,
-                      source="bench e2e --tp (random weights)")
-    d, shapes = m.hidden, rank_weight_shapes(plan, m.hidden)
+    cfg = random_model_config(m, L_max, "bench e2e --tp (random weights)")
+    shapes = rank_weight_shapes(plan, m.hidden)
     models, caches = [], []
     for r in range(tp):
         with cp.cuda.Device(r):
-            def w(name):
-                rows, cols = shapes[name]
-                return random_array(cp, (rows, cols), "float16", scale=1.0 / math.sqrt(cols))
-
-            layers = [{"attn_norm": cp.ones((d,), cp.float32), "wqkv": w("qkv"), "wo": w("o"),
-                       "mlp_norm": cp.ones((d,), cp.float32), "w_gu": w("gate_up"), "w_down": w("down")}
-                      for _ in range(m.layers)]
-            weights = {"embed": w("lm_head"), "lm_head": w("lm_head"), "norm": cp.ones((d,), cp.float32),
-                       "layers": layers}
+            weights = random_weights(cp, m.layers, m.hidden, shapes)
             model = make_rank_model(cfg, plan, r, weights, cp, "gpu", "float16", "float16")
             cache = e2e_cache(model, B, L_max, page_size)
             _fill_random_kv(cp, model, cache, L)
