@@ -280,12 +280,7 @@ def _blocked_keys(k_cache, v_cache, setting, key_layout, block_table) -> bool:
     if key_layout == "standard":
         check_standard_keys(k_cache)
         return False
-    if setting.key_sampling != "bernoulli_block" and (setting.key_sampled or setting.method != "dense"):
-        raise ValueError(f"key_layout='blocked' is read by block key sampling (it needs "
-                         f"key_sampling='bernoulli_block') and by method 'dense' without key sampling; got "
-                         f"method={setting.method!r}, key_sampling={setting.key_sampling!r}")
-    if block_table is not None:
-        raise ValueError("key_layout='blocked' has no paged form: pass a contiguous cache (no block_table)")
+    key_pass.check_blocked_setting(setting, paged=block_table is not None)
     return True
 
 

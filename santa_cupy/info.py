@@ -33,7 +33,7 @@ class AttentionInfo:
         pieces read (blocks for "bernoulli_block", 32-byte sectors of 2-byte storage for
         "bernoulli"), the same for every row of the sequence. The fraction of the whole call is
         ``(key_fraction * lengths[:, None]).sum() / (lengths.sum() * KVH)``. None from
-        ``DecodePlan.info()`` (no key sampling on the GPU: all of K is read).
+        ``DecodePlan.info()`` of a plan without key sampling (all of K is read).
 
     From ``decode_attention`` the arrays are the caller's; from ``DecodePlan.info()`` they are
     views of the plan's buffers, overwritten by its next run.

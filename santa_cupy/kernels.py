@@ -421,16 +421,24 @@ def wave_fitted_parts(groups: int, max_parts: int, slots: int, tolerance: float 
     return next(p for p in range(1, max_parts + 1) if efficiency(p) >= tolerance * best)
 
 
-def tiles_per_warp(tiles: int, groups: int, slots: int, overhead: float = 0.5) -> int:
-    """Tiles per warp for the kernels where one warp takes a run of tiles (santa_score_mma,
-    santa_tile_warp; 4 warps per block): the c minimising waves(c) * (c + overhead), with
-    waves(c) = ceil(groups * ceil(ceil(tiles / c) / 4) / slots) and ``overhead`` a warp's fixed
-    cost in tile times. Blocks of equal work run in whole waves, so one wave of long runs beats
-    12.4 waves of single tiles, which beats 1.07 waves of long runs. Ties: the smaller c."""
+def run_length(tiles: int, groups: int, slots: int, *, runs_per_block: int, overhead: float = 0.5,
+               max_tiles: int | None = None) -> int:
+    """Tiles a run for kernels where one warp (or block) takes a run of c consecutive tiles of a
+    group, ``runs_per_block`` runs a block: the c in 1..min(tiles, max_tiles) minimising
+    waves(c) * (c + overhead), waves(c) = ceil(groups * ceil(ceil(tiles / c) / runs_per_block) /
+    slots), with ``overhead`` a run's fixed cost in tile times. Blocks of equal work run in whole
+    waves, so one wave of long runs beats 12.4 waves of single tiles, which beats 1.07 waves of
+    long runs. Ties: the smaller c."""
     def cost(c):
-        blocks = groups * -(-(-(-tiles // c)) // 4)
+        blocks = groups * -(-(-(-tiles // c)) // runs_per_block)
         return -(-blocks // slots) * (c + overhead)
-    return min(range(1, max(1, tiles) + 1), key=lambda c: (cost(c), c))
+    top = max(1, tiles if max_tiles is None else min(tiles, max_tiles))
+    return min(range(1, top + 1), key=lambda c: (cost(c), c))
+
+
+def tiles_per_warp(tiles: int, groups: int, slots: int, overhead: float = 0.5) -> int:
+    """run_length of santa_score_mma and santa_tile_warp (one warp a run, 4 warps a block)."""
+    return run_length(tiles, groups, slots, runs_per_block=THREADS // 32, overhead=overhead)
 
 
 i32, i64, u64, f32, f64 = np.int32, np.int64, np.uint64, np.float32, np.float64

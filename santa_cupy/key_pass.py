@@ -29,7 +29,7 @@ from santa_cupy import kernels, spec
 from santa_cupy import key_layout as _key_layout
 from santa_cupy.kernel_choice import KernelChoice
 
-__all__ = ["KeyScorePass", "check_gpu_key_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
+__all__ = ["KeyScorePass", "check_gpu_key_setting", "check_blocked_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
            "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "check_standard_keys"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
@@ -111,10 +111,6 @@ class KeyScorePass:
         self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
 
-    def check_keys(self, kb):
-        validate_blocked_keys(kb, batch=self.B, kv_heads=self.KVH, head_dim=self.D, max_length=self.L_max,
-                              key_block=self.FB, dtype=self.dtype)
-
     def launch(self, q, kb, lengths, step, layer, scores, part_s, launch=kernels.launch):
         """The two kernels on the current stream: q [B, H, D], kb [B, KVH, C, L_max, FB] (storage
         dtype), lengths [B] int32, step [1] int64 (device), layer int -> scores [B, H, L_max] float32
@@ -148,15 +144,10 @@ MAX_TILES_PER_BLOCK = 8
 
 
 def fit_tiles_per_block(tiles, groups, slots, overhead=0.5, max_tiles=MAX_TILES_PER_BLOCK) -> int:
-    """Tiles per block of santa_score_keys (one block per run of c tiles of a (sequence, KV head),
-    ``groups`` of them, ``slots`` resident blocks on the device): the c in 1..max_tiles minimising
-    waves(c) * (c + overhead), waves(c) = ceil(groups * ceil(tiles / c) / slots), with ``overhead``
-    a block's prologue (read list, weighted q) in tile times; ties: the smaller c. Longer runs pay
-    the prologue less often, whole waves waste no slots."""
-    def cost(c):
-        blocks = groups * -(-tiles // c)
-        return -(-blocks // slots) * (c + overhead)
-    return min(range(1, max(1, min(tiles, max_tiles)) + 1), key=lambda c: (cost(c), c))
+    """Tiles per block of santa_score_keys: one block per run of c tiles of a (sequence, KV head),
+    ``groups`` of them, ``slots`` resident blocks; kernels.run_length with one run a block and at
+    most ``max_tiles`` (``overhead``: a block's prologue, the read list and weighted q)."""
+    return kernels.run_length(tiles, groups, slots, runs_per_block=1, overhead=overhead, max_tiles=max_tiles)
 
 
 def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
@@ -208,6 +199,19 @@ def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
     return scores, info
 
 
+def check_blocked_setting(setting, paged=False):
+    """ValueError unless ``setting`` reads a blocked K: block key sampling ("bernoulli_block"), or
+    method "dense" without key sampling; never a paged cache. The one rule for decode_attention
+    (both paths) and DecodePlan."""
+    if setting.key_sampling != "bernoulli_block" and (setting.key_sampled or setting.method != "dense"):
+        raise ValueError(f"key_layout='blocked' is read by block key sampling (it needs key_sampling='bernoulli_block') "
+                         f"and by the dense kernel (method 'dense' without key sampling); the setting {str(setting)!r} "
+                         "has neither: pass a standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
+    if paged:
+        raise ValueError("key_layout='blocked' has no paged form: pass a contiguous cache (no block_table, "
+                         "page_size=None)")
+
+
 def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group, head_offset=0, dense_kernel="auto"):
     """The plan's key layout, checked against its setting: key sampling on the GPU needs
     "blocked" (NotImplementedError saying so for "standard"); without key sampling "blocked" is
@@ -227,9 +231,7 @@ def key_layout_choice(setting, key_layout, page_size, *, dtype, head_dim, group,
     check_gpu_key_setting(setting, dtype=dtype, head_dim=head_dim, group=group, head_offset=head_offset)
     if key_layout != "blocked":
         raise NotImplementedError(f"{BLOCKED_ONLY} (setting {setting})")
-    if page_size is not None:
-        raise ValueError("key_layout='blocked' has no paged form: key sampling on the GPU needs a contiguous cache "
-                         "(page_size=None)")
+    check_blocked_setting(setting, paged=page_size is not None)
     return key_layout
 
 
@@ -237,18 +239,12 @@ def check_dense_blocked(setting, *, dtype, head_dim, page_size, dense_kernel="au
     """ValueError unless the GPU runs ``setting`` (no key sampling) on a blocked K: method "dense"
     on the tensor-core kernel (decode_dense_mma_blocked: dtype and head_dim of
     kernels.mma_supported, dense_kernel "auto" | "mma") with a contiguous cache."""
-    if setting.method != "dense":
-        raise ValueError(f"key_layout='blocked' is read by block key sampling (it needs key_sampling='bernoulli_block') "
-                         f"and by the dense kernel (method 'dense'); the setting {str(setting)!r} has neither: pass a "
-                         "standard [B, L_max, KVH, D] K (santa_cupy.key_layout.from_blocked)")
+    check_blocked_setting(setting, paged=page_size is not None)
     if not kernels.mma_supported(dtype, head_dim) or dense_kernel == "stream":
         raise ValueError(f"dense attention on a blocked K runs on the tensor-core kernel only: dtype in "
                          f"{kernels.MMA_DTYPES}, head_dim in {kernels.MMA_HEAD_DIMS}, dense_kernel 'auto' or 'mma'; "
                          f"got dtype={dtype!r}, head_dim={head_dim}, dense_kernel={dense_kernel!r} (pass a standard "
                          "[B, L_max, KVH, D] K: santa_cupy.key_layout.from_blocked)")
-    if page_size is not None:
-        raise ValueError("key_layout='blocked' has no paged form: dense attention on a blocked K needs a contiguous "
-                         "cache (page_size=None)")
 
 
 def _check_key_layout(value):
