@@ -24,17 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from santa_cupy import DecodePlan, kernels, key_layout  # noqa: E402
+from santa_cupy.cli.bench.timing import event_median_us  # noqa: E402
 
 
-def time_us(cupy, fn, reps):
-    """Mean µs per call of fn over reps calls between two CuPy events."""
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) * 1e3 / reps
+def time_us(cupy, fn, reps, warmup=0):
+    """Mean µs per call of fn over reps back-to-back calls between two CUDA events."""
+    return event_median_us(cupy, fn, cupy.cuda.get_current_stream(), repeats=1, warmup=warmup, inner=reps)
 
 
 def main() -> int:

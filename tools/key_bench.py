@@ -25,19 +25,12 @@ from santa_cupy import AttentionSetting, key_layout, kernels  # noqa: E402
 from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 from santa_cupy.key_pass import KeyScorePass  # noqa: E402
 from santa_cupy.plan import STORAGE_DTYPE, DecodePlan  # noqa: E402
+from santa_cupy.cli.bench.timing import event_median_us  # noqa: E402
 
 
 def time_us(cupy, fn, reps, warmup=3):
-    """Mean µs per call of fn over reps calls between two CuPy events (after warmup calls)."""
-    for _ in range(warmup):
-        fn()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) * 1e3 / reps
+    """Mean µs per call of fn over reps back-to-back calls between two CUDA events."""
+    return event_median_us(cupy, fn, cupy.cuda.get_current_stream(), repeats=1, warmup=warmup, inner=reps)
 
 
 def main() -> int:

@@ -23,7 +23,9 @@ extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n,
 """
 
 
-def _event_median_us(cp, fn, stream, repeats=20, warmup=3, inner=1):
+def event_median_us(cp, fn, stream, repeats=20, warmup=3, inner=1):
+    """Median over ``repeats`` of the µs per call of ``inner`` back-to-back calls of fn between two
+    CUDA events on ``stream`` (after ``warmup`` calls)."""
     for _ in range(warmup):
         fn()
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -44,7 +46,7 @@ def _device_copy_us(cp, nbytes) -> float:
     with stream:
         src = cp.arange(nbytes // 4, dtype=cp.uint32)
         dst = cp.empty_like(src)
-        us = _event_median_us(cp, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream), stream, repeats=10)
+        us = event_median_us(cp, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream), stream, repeats=10)
     stream.synchronize()
     return us
 
@@ -109,7 +111,7 @@ def time_cupy_graph(cp, fns, n_inner, repeats, warmup=3):
             def run():
                 for i in range(n_inner):
                     fns[i % len(fns)]()
-        us = _event_median_us(cp, run, stream, repeats=repeats, warmup=warmup) / n_inner
+        us = event_median_us(cp, run, stream, repeats=repeats, warmup=warmup) / n_inner
     return us, mode
 
 
