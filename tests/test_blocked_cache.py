@@ -11,6 +11,7 @@ from llama_min import reference
 from llama_min.model import AttentionSetting, LlamaModel
 from santa_cupy import key_layout
 from test_model import make_tiny
+from test_paged_cache import _decode_all
 
 ATTENTIONS = {
     "dense": AttentionSetting(method="dense"),
@@ -23,13 +24,6 @@ ATTENTIONS = {
 def tiny(tmp_path_factory):
     path, _, cfg = make_tiny(tmp_path_factory.mktemp("tiny"), H=4, KVH=2, D=64, max_pos=64)
     return LlamaModel.from_pretrained(path), cfg
-
-
-def _decode_all(model, cache, prompt, steps, att):
-    out = [model.prefill(prompt, cache)]
-    for t in steps:
-        out.append(model.decode(t, cache, att))
-    return np.stack(out)
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)
