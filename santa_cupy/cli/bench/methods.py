@@ -133,6 +133,8 @@ class Method:
         if self.key_percent is not None:
             return self.setting.replace(key_sampling="bernoulli_block", key_block=KEY_BENCH_BLOCK,
                                         key_budget=self.key_percent / 100, key_rule="uniform")
+        if self.key_layout == "blocked":     # dense-blocked: the plan's FB is the inputs' (kernels.py)
+            return self.setting.replace(key_block=KEY_BENCH_BLOCK)
         return self.setting.replace(**SANTA_SETTING_SUFFIXES.get(self.backend, {}))
 
     def kernel_choice(self):
