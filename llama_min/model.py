@@ -342,12 +342,11 @@ class LlamaModel:
 
         CPU: dense = the float32 NumPy decode below, santa = santa_cupy.cpu_attention (the same
         estimator as the float64 reference, in float32), key sampling = _key_sampled_decode_np (the
-        float64 reference of santa_cupy.key_sampling; the GPU refuses it). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
+        float64 reference of santa_cupy.key_sampling; on the GPU the plan's key pass, with a cache
+        made with key_block). GPU: a santa_cupy.DecodePlan kept on the cache (decode_attention would build a
         plan and check lengths on the host, a sync, at every call); its device step counter is
         set to cache.step by a device-side fill, so the step stays free of host syncs."""
-        if att.key_sampled:                        # score-stage sampling: the NumPy reference only so far
-            if self.xp is not np:
-                raise NotImplementedError(_KEY_SAMPLING_CPU_ONLY)
+        if att.key_sampled and self.xp is np:      # score-stage sampling: the float64 reference
             return self._key_sampled_decode_np(att, cache)
         if att.method == "dense" and self.xp is np:
             n = cache.length + 1
@@ -360,13 +359,22 @@ class LlamaModel:
         plan.step.fill(cache.step)
         # the plan was built for this model's shapes: skip run()'s per-call input checks
         kw = cache.attention_kwargs                # paged: block_table
-        return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li, validate=False, **kw)
+        if not att.key_sampled:
+            return lambda li, q, kc, vc, lens: plan.run(q, kc, vc, lens, layer=li, validate=False, **kw)
+        tally = cache.__dict__.setdefault("key_read", [0.0, 0])
+
+        def attn_keys(li, q, kc, vc, lens):        # the K fraction adds up on the device (no sync)
+            o = plan.run(q, kc, vc, lens, layer=li, validate=False, **kw)
+            tally[0] = tally[0] + plan.key_pass.key_fraction().mean()
+            tally[1] += 1
+            return o
+        return attn_keys
 
     def make_plan(self, att: AttentionSetting, cache: KVCache):
         """A santa_cupy.DecodePlan for this model's shapes and the cache (GPU only)."""
         import santa_cupy
-        if att.key_sampled:
-            raise NotImplementedError(_KEY_SAMPLING_CPU_ONLY)
+        if att.key_sampled and cache.key_block is None:
+            raise ValueError(_KEY_SAMPLING_BLOCKED_ONLY)
         if att.budget == santa_cupy.spec.ONE_PASS:
             raise ValueError("budget 'one_pass' in llama_min runs on the CPU for now (the GPU decoder would need "
                              "a hint per layer: santa_cupy.DecodePlan.run(lse_hint=...))")
@@ -458,13 +466,14 @@ class LlamaModel:
         return be.logits(be.rms_norm(x, self.w["norm"]), self.w["lm_head"])
 
 
-_KEY_SAMPLING_CPU_ONLY = ("key sampling (AttentionSetting.key_sampling) runs on the NumPy reference only so far: "
-                          "decode on the CPU (device='cpu'), or key_sampling='none' on the GPU")
+_KEY_SAMPLING_BLOCKED_ONLY = ("key sampling (AttentionSetting.key_sampling) on the GPU reads a feature-blocked K: "
+                              "make the cache with model.new_cache(..., key_block=FB), FB the setting's key_block")
 
 
 def key_read_fraction(cache: KVCache) -> float:
     """Mean fraction of K read by the key-sampled decode calls on this cache since it was made
-    (every layer and step; 1.0 when none ran: all of K is read). KVCache.reset keeps the tally."""
+    (every layer and eager step, CPU or GPU; a GraphDecoder's replays are not counted; 1.0 when
+    none ran: all of K is read). KVCache.reset keeps the tally."""
     total, calls = getattr(cache, "key_read", (0.0, 0))
     return float(total / calls) if calls else 1.0
 

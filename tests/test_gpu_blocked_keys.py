@@ -11,7 +11,9 @@
 (c) the rotary + K/V append (ops.rope_append, ops.gemv_rope) with key_block writes to_blocked of
     the standard append's K, q and V unchanged;
 (d) llama_min's GPU decoder on a cache with key_block: eager steps and a GraphDecoder give the
-    standard cache's logits bit for bit, the cache holds to_blocked of the standard K.
+    standard cache's logits bit for bit, the cache holds to_blocked of the standard K;
+(e) the same decoder with block key sampling (eager and graphed): dense's logits when every block
+    is read, about the budget's fraction of K read otherwise.
 Four attention modules (all in kernels.CI_CONFIGS, so tools/warm_kernel_cache.py warms them) and
 the decoder's.
 """
@@ -158,3 +160,37 @@ def test_gpu_decoder_on_a_blocked_cache_is_the_standard_one(tmp_path, dtype, gem
     model.prefill(prompt, cache)
     with pytest.raises(ValueError, match="method 'dense'"):
         model.decode(steps[0], cache, santa)
+
+
+@pytest.mark.parametrize("FB", [16, 32])
+def test_gpu_decoder_with_key_sampling(tmp_path, FB):
+    """The tiny Llama on the GPU with block key sampling on a blocked cache, eager and in a
+    GraphDecoder: at key_budget 1 (every block read, weight 1) and S >> n its logits are dense's
+    within the stash's float32; at key_budget 0.5 it reads about half of K (the tally of the eager
+    steps) and its logits stay finite and near dense's."""
+    import cupy
+
+    from llama_min.graph import GraphDecoder
+    from llama_min.model import AttentionSetting, LlamaModel, key_read_fraction
+    from tests.test_model import make_tiny
+    path, _, cfg = make_tiny(tmp_path, H=4, KVH=2, D=64, max_pos=64)
+    model = LlamaModel.from_pretrained(path, device="gpu", dtype="float16")
+    rng = np.random.default_rng(FB + 1)
+    prompt, steps = rng.integers(0, cfg["vocab_size"], (2, 9)), rng.integers(0, cfg["vocab_size"], (8, 2))
+
+    def run(att, key_block):
+        cache = model.new_cache(2, 24, key_block=key_block)
+        model.prefill(prompt, cache)
+        logits = [cupy.asnumpy(model.decode(t, cache, att)) for t in steps[:4]]
+        with GraphDecoder(model, cache, att) as gd:
+            logits += [cupy.asnumpy(gd.replay(t)).copy() for t in steps[4:]]
+        return np.array(logits), key_read_fraction(cache)
+
+    dense, _ = run(AttentionSetting(method="dense"), None)
+    keys = f"keys=block:FB={FB},rule=qrms,f=%s"
+    full, read = run(AttentionSetting.parse(f"systematic/global/S=65536/{keys % 1}").replace(santa_min_length=0), FB)
+    assert read == 1.0
+    np.testing.assert_allclose(full, dense, atol=2e-2)
+    half, read = run(AttentionSetting.parse(f"systematic/global/S=256/{keys % 0.5}").replace(santa_min_length=0), FB)
+    assert 0.3 < read < 0.8, read
+    assert np.isfinite(half).all() and np.abs(half - dense).max() < 0.5 * np.abs(dense).max()

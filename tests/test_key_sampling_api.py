@@ -230,9 +230,11 @@ def test_cpu_decoder_key_sampling_batched_and_paged(tiny):
     assert np.array_equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1] < 1.0
 
 
-def test_gpu_decoder_refuses_key_sampling(tiny):
-    with pytest.raises(NotImplementedError, match="NumPy reference only so far"):
-        tiny.make_plan(AttentionSetting.parse("dense/keys=bernoulli:R=1"), None)
+def test_gpu_decoder_key_sampling_needs_a_blocked_cache(tiny):
+    """The GPU decoder's key sampling reads a feature-blocked K: a standard cache is refused
+    before any plan (or GPU) is made, naming the fix."""
+    with pytest.raises(ValueError, match=r"new_cache\(\.\.\., key_block=FB\)"):
+        tiny.make_plan(AttentionSetting.parse("iid/global/S=8/keys=block:FB=16,f=0.5"), tiny.new_cache(1, 20))
 
 
 # ------------------------------------------------------------------------------ eval

@@ -1,6 +1,7 @@
 """A small workload for `compute-sanitizer --tool racecheck` (shared-memory hazards): one call of each
 production kernel route (dense mma self-merging, santa's warp pipeline finishing in the kernel and
-through santa_merge with each gather, the dense fallback, the block pass 2)."""
+through santa_merge with each gather, the dense fallback, the block pass 2; on a feature-blocked K
+the dense kernel and block key sampling's santa_key_blocks + santa_score_keys)."""
 
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
-from santa_cupy import DecodePlan, spec  # noqa: E402
+from santa_cupy import DecodePlan, key_layout, spec  # noqa: E402
 from santa_cupy.kernel_choice import KernelChoice  # noqa: E402
 
 rng = np.random.default_rng(1)
@@ -29,5 +30,10 @@ for budget in ("global", "fixed"):
             plan.run(q, k, v, lengths)
 DecodePlan(santa_min_length=200, **kw).run(q, k, v, lengths)
 DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)
+for FB in (16, 32):
+    kb = key_layout.to_blocked(k, FB)
+    DecodePlan(method="dense", key_block=FB, key_layout="blocked", **kw).run(q, kb, v, lengths)
+    DecodePlan(santa_min_length=0, key_layout="blocked", key_sampling="bernoulli_block", key_block=FB,
+               key_budget=0.5, key_rule="qrms", key_draws=2, **kw).run(q, kb, v, lengths)
 cupy.cuda.Device().synchronize()
 print("racecheck case done")
