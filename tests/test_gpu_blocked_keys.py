@@ -190,7 +190,8 @@ def test_gpu_decoder_with_key_sampling(tmp_path, FB):
     keys = f"keys=block:FB={FB},rule=qrms,f=%s"
     full, read = run(AttentionSetting.parse(f"systematic/global/S=65536/{keys % 1}").replace(santa_min_length=0), FB)
     assert read == 1.0
-    np.testing.assert_allclose(full, dense, atol=2e-2)
+    # fp16 attention outputs through two layers: logits within ~2e-3 of their scale (seen: 1.7e-3)
+    assert np.abs(full - dense).max() < 4e-3 * np.abs(dense).max()
     half, read = run(AttentionSetting.parse(f"systematic/global/S=256/{keys % 0.5}").replace(santa_min_length=0), FB)
     assert 0.3 < read < 0.8, read
     assert np.isfinite(half).all() and np.abs(half - dense).max() < 0.5 * np.abs(dense).max()
