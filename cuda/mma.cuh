@@ -113,6 +113,90 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKey
     }
 }
 
+// A feature-blocked K of which only some blocks are read (block key sampling, santa_score_keys_mma):
+// bit i of `pieces` says whether this thread's piece t + 4 i (features 8 (t + 4 i) .. + 7) lies in
+// a read block; the other pieces load as zeros, their bytes never requested.
+template <typename T, int D>
+struct SampledKeyRows : BlockedKeyRows<T, D> {
+    u32 pieces;
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const SampledKeyRows<T, D>& K, const T* base, i64 b,
+                                               i64 step0, i64 key, i64 row_end, int g, int t) {
+    const bool valid = key < row_end;
+    const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
+    const i64 stride = 32 * K.L_max;
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+        const bool read = valid && (K.pieces >> i & 1u);
+        const uint4 x = read ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
+    }
+}
+
+// The query of block key sampling on tensor cores (santa_score_keys_mma): MmaQuery's slices and
+// the group's Horvitz-Thompson weight of each FB-feature block (w[c], 0: not read). The k-steps
+// 2i and 2i + 1 of MmaQuery::scores cover features 32 i .. 32 i + 31 (thread t: its piece t + 4 i):
+// FB 32 one block, FB 16 two, block 2 i + t / 2 from thread t. scores() adds each read block's
+// product on its own (FB 16: the other block's A words zeroed) and weights it in float32, so the
+// scores are sum_c w_c (q[c] . k[c]) with the products exact, as the FMA kernel's up to rounding.
+// The weights are the group's, so every branch on them is warp-uniform; unread blocks cost no mma.
+template <typename T, int D, int G>
+struct KeyWeightedQuery : MmaQuery<T, D, G> {
+    static constexpr int kMaxC = D / 16;
+    float w[kMaxC];
+    int FB, half;                            // half = t / 2: which FB-16 block of a group thread t holds
+
+    __device__ __forceinline__ void load_weights(const float* wgt, int key_block, int t) {
+        FB = key_block;
+        half = t >> 1;
+        const int C = D / key_block;
+#pragma unroll
+        for (int c = 0; c < kMaxC; ++c) w[c] = c < C ? wgt[c] : 0.f;
+    }
+
+    // this thread's pieces t + 4 i that lie in a read block (SampledKeyRows::pieces)
+    __device__ __forceinline__ u32 read_pieces(int t) const {
+        u32 bits = 0u;
+#pragma unroll
+        for (int i = 0; i < D / 32; ++i) {
+            const int c = (SC_CHUNK * (t + 4 * i)) / FB;
+            if (weight(c) != 0.f) bits |= 1u << i;
+        }
+        return bits;
+    }
+
+    __device__ __forceinline__ float weight(int c) const {
+        float x = 0.f;
+#pragma unroll
+        for (int i = 0; i < kMaxC; ++i) x = i == c ? w[i] : x;
+        return x;
+    }
+
+    __device__ __forceinline__ void scores(float (&s)[4], const u32 (&k)[D / 8]) const {
+        s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < D / 32; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float wc = FB == 32 ? w[i] : w[2 * i + h];   // block i (FB 32) or 2 i + h (FB 16)
+                if ((FB == 32 && h == 1) || wc == 0.f) continue;     // warp-uniform
+                const bool mine = FB == 32 || half == h;             // FB 16: A words of block c only
+                float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int ks = 2 * i; ks < 2 * i + 2; ++ks) {
+                    const u32 a[4] = {mine ? this->lo[2 * ks] : 0u, mine ? this->hi[2 * ks] : 0u,
+                                      mine ? this->lo[2 * ks + 1] : 0u, mine ? this->hi[2 * ks + 1] : 0u};
+                    mma_16816<T>(p, a, k[2 * ks], k[2 * ks + 1]);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[e] = fmaf(wc, p[e], s[e]);
+            }
+        }
+    }
+};
+
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
 // -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
@@ -150,9 +234,9 @@ struct KeyRun {
     static constexpr int KW = D / 8, NSTEP = BN / 16;
     u32 kbuf[2][2][KW];                      // [buffer][n-tile][words]: step k in buffer k & 1
 
-    // Step 0 of the run's first tile (rows [row0, row_end)).
-    __device__ __forceinline__ void start(const CacheRows<T, D>& K, i64 b, i64 row0, i64 row_end, int g, int gi,
-                                          int tq) {
+    // Step 0 of the run's first tile (rows [row0, row_end)). KRows: CacheRows or SampledKeyRows.
+    template <typename KRows>
+    __device__ __forceinline__ void start(const KRows& K, i64 b, i64 row0, i64 row_end, int g, int gi, int tq) {
         const T* base = K.row(b, row0, g);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
@@ -161,10 +245,10 @@ struct KeyRun {
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
     // or an empty range (next_end == next0) after the last, whose loads then read nothing.
-    template <int G, typename F>
-    __device__ __forceinline__ void score_tile(const MmaQuery<T, D, G>& mq, int index, const CacheRows<T, D>& K,
-                                               i64 b, i64 row0, i64 row_end, i64 next0, i64 next_end, int g,
-                                               int gi, int tq, F&& f) {
+    // Query: MmaQuery or KeyWeightedQuery (its scores(s, k)).
+    template <typename Query, typename KRows, typename F>
+    __device__ __forceinline__ void score_tile(const Query& mq, int index, const KRows& K, i64 b, i64 row0,
+                                               i64 row_end, i64 next0, i64 next_end, int g, int gi, int tq, F&& f) {
 #pragma unroll
         for (int st = 0; st < NSTEP; ++st) {
             const int k = index * NSTEP + st, cur = k & 1;       // the run's step counter

@@ -81,8 +81,9 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (H200).
 // The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
-template <typename T, int D, int BN, int G>
-__device__ __forceinline__ void score_run(const T* __restrict__ q, const CacheRows<T, D>& K, int n, float scale,
+// Query: MmaQuery (loaded by the caller) or KeyWeightedQuery; KRows: CacheRows or SampledKeyRows.
+template <typename T, int D, int BN, int G, typename Query, typename KRows>
+__device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n, float scale,
                                           i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
                                           i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
@@ -93,9 +94,6 @@ __device__ __forceinline__ void score_run(const T* __restrict__ q, const CacheRo
     float* stash_hi = scores + (head0 + gi + 8) * L_max;
     const bool pairs_lo = ((head0 + gi) * L_max & 1) == 0, pairs_hi = ((head0 + gi + 8) * L_max & 1) == 0;
     const bool own_lo = gi < G, own_hi = kHi && gi + 8 < G;
-
-    MmaQuery<T, D, G> mq;
-    mq.load(q, head0, gi, tq);
 
     KeyRun<T, D, BN> kr;
     const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
@@ -151,7 +149,12 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const int n_tiles = seq_tiles(n, BN, T_max, santa_from);
     const int t_begin = (blk * (SC_NTHREADS / 32) + warp) * c;
     const int t_end = min(t_begin + c, n_tiles);
-    if (t_begin < t_end)                                 // whole warp
-        score_run<T, D, BN, G>(q, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g,
-                                      b * H + (i64)g * G, scores, part_s);
+    if (t_begin < t_end) {                               // whole warp
+        const i64 head0 = b * H + (i64)g * G;
+        const int lane = threadIdx.x & 31;
+        MmaQuery<T, D, G> mq;
+        mq.load(q, head0, lane >> 2, lane & 3);
+        score_run<T, D, BN, G>(mq, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
+                               scores, part_s);
+    }
 }

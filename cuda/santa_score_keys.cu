@@ -6,7 +6,9 @@
 // runtime argument): the rows of block c of KV head g are one contiguous run of L_max * FB
 // elements. q [B, H, D]; heads g*G .. g*G + G - 1 read KV head g. Contiguous caches only.
 //
-// Two kernels, launched back to back (santa_cupy/key_pass.py):
+// santa_key_blocks, then one of the two score passes, back to back (santa_cupy/key_pass.py):
+// santa_score_keys (FMA, the fallback) or santa_score_keys_mma (tensor cores, the automatic one; at
+// the end of this file).
 //
 // santa_key_blocks<T>: grid (KVH, B), block 32 (one warp per (b, g); lane c holds block c, C <= 8).
 //   The group's block weights w_c (rule 0 "uniform": 1; 1 "qmax": max_h ||q_h[c]||; 2 "qrms":
@@ -276,4 +278,42 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
         tile_stats<BN>(m, l, s, G, nrows);
         write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
     }
+}
+
+// santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
+//   bf16, D 64 / 128, G <= 16): santa_score_mma's warp pipeline (score_run: K a 16-key step ahead
+//   in registers across the run's tiles, scores straight to the stash and into online stats) on
+//   the blocked K, reading only the pieces of read blocks (SampledKeyRows) and adding each read
+//   block's product with its weight (KeyWeightedQuery). Grid (ceil(T_max / (4 c)), KVH, B), block
+//   SC_NTHREADS, c = tiles_per_block here meaning tiles a warp: warp w of block x takes the run
+//   [(4 x + w) c, (4 x + w + 1) c) of (b, g)'s tiles. Writes what santa_score_keys writes; no
+//   shared memory, no block-level sync.
+template <typename T, int D, int BN, int G>
+__global__ void __launch_bounds__(SC_NTHREADS)
+santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
+                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
+                     const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
+    static_assert(G >= 1 && G <= 16, "mma key scores: one m16 tile of heads");
+    const int g = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 b = blockIdx.z;
+    const int n = seq_len(lengths, b, L_max);
+    const int n_tiles = min(T_max, (n + BN - 1) / BN);
+    const int c = tiles_per_block;
+    const int t_begin = (blockIdx.x * (SC_NTHREADS / 32) + warp) * c, t_end = min(t_begin + c, n_tiles);
+    if (t_begin >= t_end) return;                        // whole warp
+    const i64 head0 = b * H + (i64)g * G;
+    const int tq = lane & 3;
+    KeyWeightedQuery<T, D, G> mq;
+    mq.load(q, head0, lane >> 2, tq);
+    mq.load_weights(key_weight + (b * KVH + g) * (D / FB), FB, tq);
+    SampledKeyRows<T, D> K;
+    K.data = kb;
+    K.L_max = L_max;
+    K.KVH = KVH;
+    K.FB = FB;
+    K.pieces = mq.read_pieces(tq);
+    score_run<T, D, BN, G>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
 }

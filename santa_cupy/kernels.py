@@ -103,6 +103,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     if key_sampling_supported(dtype_name, head_dim):     # block key sampling's pass 1 (key_pass.py)
         names["key_blocks"] = f"santa_key_blocks<{t}>"
         names["score_keys"] = f"santa_score_keys<{t}, {d}, {bn}, {g}>"
+        if mma_supported(dtype_name, head_dim):          # the tensor-core pass (G <= 16: GROUPS)
+            names["score_keys_mma"] = f"santa_score_keys_mma<{t}, {d}, {bn}, {g}>"
     if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # they follow / use the mma scores
         names["one_pass"] = f"santa_one_pass<{t}, {d}, {bn}, {g}>"          # the one-pass budget's kernel
         for name, gather in TILE_WARP_GATHERS.items():      # kGather of santa_tile_warp; kFinish
@@ -230,6 +232,7 @@ class KernelSet:
     prefix: object = None
     key_blocks: object = None
     score_keys: object = None
+    score_keys_mma: object = None
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,7 +30,7 @@ from santa_cupy import key_layout as _key_layout
 from santa_cupy.kernel_choice import KernelChoice
 
 __all__ = ["KeyScorePass", "check_gpu_key_setting", "check_blocked_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
-           "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "check_standard_keys"]
+           "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "resolve_key_kernel", "check_standard_keys"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -79,15 +79,17 @@ class KeyScorePass:
     key_sampling "bernoulli_block"); scale; head_offset (a multiple of G: the draws of KV head g
     use the group stream of g + head_offset // G).
 
-    tiles_per_block: the run of tiles one block of santa_score_keys scores; None: fitted
-    (fit_tiles_per_block below).
+    score_kernel: "auto" | "stream" | "mma" (resolve_key_kernel): santa_score_keys (FMA; one
+    block a run of tiles) or santa_score_keys_mma (tensor cores; one warp a run, 4 a block).
+    tiles_per_block: that run's tiles (the block's, or with "mma" the warp's); None: fitted
+    (fit_tiles_per_block, kernels.tiles_per_warp).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
-                 head_offset=0, tiles_per_block=None):
+                 head_offset=0, tiles_per_block=None, score_kernel="auto"):
         import cupy
 
         group = heads // kv_heads
@@ -102,11 +104,19 @@ class KeyScorePass:
         self.combine = kernels.KEY_COMBINE_CODE[setting.key_combine]
         self.R, self.budget, self.seed = setting.key_draws, setting.key_budget, setting.seed
         self.kernels = kernels.get_kernels(dtype, head_dim, group, block_n, "santa")
+        self.score_kernel = resolve_key_kernel(score_kernel, dtype, head_dim)
+        self._score = self.kernels.score_keys_mma if self.score_kernel == "mma" else self.kernels.score_keys
         attrs = cupy.cuda.Device().attributes
-        slots = kernels.resident_blocks(self.kernels.score_keys, kernels.THREADS, 0, attrs) \
-            * attrs["MultiProcessorCount"]
-        self.tiles_per_block = int(tiles_per_block) if tiles_per_block else fit_tiles_per_block(
-            self.T_max, batch * kv_heads, slots)
+        slots = kernels.resident_blocks(self._score, kernels.THREADS, 0, attrs) * attrs["MultiProcessorCount"]
+        if tiles_per_block:
+            self.tiles_per_block = int(tiles_per_block)
+        elif self.score_kernel == "mma":
+            self.tiles_per_block = kernels.tiles_per_warp(self.T_max, batch * kv_heads, slots)
+        else:
+            self.tiles_per_block = fit_tiles_per_block(self.T_max, batch * kv_heads, slots)
+        # grid x: runs of tiles_per_block tiles, one a block (stream) or one a warp (mma)
+        run = self.tiles_per_block * (kernels.THREADS // 32 if self.score_kernel == "mma" else 1)
+        self._grid_x = -(-self.T_max // run)
         self.key_weight = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
@@ -128,9 +138,9 @@ class KeyScorePass:
                 self.key_weight, self.key_pi, self.blocks_read), threads=32)
 
     def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
-        """santa_score_keys alone, on the blocks of the last launch_blocks."""
+        """santa_score_keys(_mma) alone, on the blocks of the last launch_blocks."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        launch(self.kernels.score_keys, (-(-self.T_max // self.tiles_per_block), self.KVH, self.B),
+        launch(self._score, (self._grid_x, self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                 i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s))
 
@@ -252,14 +262,27 @@ def _check_key_layout(value):
 
 
 def key_sampling_choice(choice: KernelChoice) -> KernelChoice:
-    """A key-sampled plan's kernels: its own score pass (santa_score_keys, in place of santa_score)
-    and the block pass 2 that follows santa_score (santa_tile, santa_merge); a forced mma score
-    pass or warp pass 2 is a ValueError."""
-    if choice.score_kernel not in ("auto", "stream") or choice.tile_kernel not in ("auto", "block"):
-        raise ValueError(f"key sampling has its own score pass and the block pass 2: score_kernel must be 'auto' or "
-                         f"'stream' and tile_kernel 'auto' or 'block', got score_kernel={choice.score_kernel!r}, "
+    """A key-sampled plan's kernels: its own score pass (KeyScorePass, in place of santa_score;
+    choice.score_kernel picks its kernel) and the block pass 2 that follows the stash (santa_tile,
+    santa_merge); a forced warp pass 2 is a ValueError. The returned choice is the plan's routes'
+    (score_kernel "stream": no standard score pass of its own)."""
+    if choice.tile_kernel not in ("auto", "block"):
+        raise ValueError(f"key sampling runs the block pass 2: tile_kernel must be 'auto' or 'block', got "
                          f"tile_kernel={choice.tile_kernel!r}")
     return dataclasses.replace(choice, score_kernel="stream", tile_kernel="block")
+
+
+def resolve_key_kernel(score_kernel, dtype, head_dim) -> str:
+    """KeyScorePass's score kernel: "mma" (santa_score_keys_mma, tensor cores) where it exists
+    (kernels.mma_supported), else "stream" (santa_score_keys, FMA); "auto" picks, a forced "mma"
+    without an instance is a ValueError."""
+    spec.check_choice("score_kernel", score_kernel, ("auto", "stream", "mma"))
+    if score_kernel == "mma" and not kernels.mma_supported(dtype, head_dim):
+        raise ValueError(f"score_kernel 'mma' (santa_score_keys_mma) needs dtype in {kernels.MMA_DTYPES} and head_dim "
+                         f"in {kernels.MMA_HEAD_DIMS}, got dtype={dtype!r}, head_dim={head_dim}")
+    if score_kernel == "auto":
+        return "mma" if kernels.mma_supported(dtype, head_dim) else "stream"
+    return score_kernel
 
 
 def check_standard_keys(k_cache):

@@ -122,7 +122,8 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                                             group=heads // kv_heads if kv_heads and heads % kv_heads == 0 else 1,
                                             head_offset=self.head_offset, dense_kernel=choice.dense_kernel)
         self.key_block = setting.key_block if self.key_layout == "blocked" else None   # FB of a blocked K
-        if setting.key_sampled:              # santa_score_keys' route: the block pass 2 and santa_merge
+        key_kernel = choice.score_kernel     # with key sampling: KeyScorePass's kernel
+        if setting.key_sampled:              # the key pass's route: the block pass 2 and santa_merge
             choice = key_pass.key_sampling_choice(choice)
         self.setting, self._choice = setting, choice
         self._checked_kernels = set()        # kernels whose launch arguments _launch has checked
@@ -248,7 +249,7 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self.key_pass = key_pass.KeyScorePass(
             batch=B, heads=H, kv_heads=kv_heads, head_dim=D, max_length=max_length, dtype=dtype,
             block_n=self.block_n, setting=setting, scale=self.scale, head_offset=self.head_offset,
-            tiles_per_block=choice.tiles_per_warp) if setting.key_sampled else None
+            tiles_per_block=choice.tiles_per_warp, score_kernel=key_kernel) if setting.key_sampled else None
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)

@@ -1,6 +1,8 @@
 """Block key sampling on the GPU (santa_key_blocks + santa_score_keys on a blocked K,
 santa_cupy/key_pass.py) against the float64 NumPy reference (santa_cupy/key_sampling.py).
 
+The score kernel is the automatic one (santa_score_keys_mma, tensor cores) except where a test
+forces santa_score_keys (the FMA pass) beside it.
 (a) pi, the blocks read and their Horvitz-Thompson weights bit for bit the reference's, at awkward
     sizes (B = 3, lengths 1, odd, past a tile), several budgets, rules, draws and both combines;
 (b) the stash within a stated float32 bound of the reference's scores, reading no K byte of an
@@ -196,10 +198,12 @@ def test_plan_workspace_counts_blocks_read(combine):
 
 @pytest.mark.parametrize("runs", [2, 3])
 @pytest.mark.parametrize("FB", [16, 32])
-def test_runs_of_tiles_a_block(runs, FB):
-    """santa_score_keys with runs of several tiles a block (KernelChoice.tiles_per_warp forces it;
-    the fitted run is 1 at these sizes): the plan's stash and tile maxima against the reference,
-    the units' register pipeline crossing tile boundaries, lengths ending inside a run."""
+@pytest.mark.parametrize("score_kernel", ["stream", "mma"])
+def test_runs_of_tiles_a_block(runs, FB, score_kernel):
+    """santa_score_keys (stream: runs of several tiles a block) and santa_score_keys_mma (mma: a
+    run a warp, 4 a block) with forced runs (KernelChoice.tiles_per_warp; the fitted run is 1 at
+    these sizes): the plan's stash and tile maxima against the reference, the register pipelines
+    crossing tile boundaries, lengths ending inside a run."""
     from tests.gpu_util import make_plan
     dtype, D, G, block_n = CONFIGS[0]
     lengths = [5 * block_n + 3, 1, 2 * block_n, 3 * block_n - 7]
@@ -207,8 +211,8 @@ def test_runs_of_tiles_a_block(runs, FB):
     setting = _setting(block_n, key_block=FB, key_budget=0.55, key_draws=2, key_rule="qmax")
     B, H, _ = q.shape
     plan = make_plan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
-                     setting=setting, key_layout="blocked", tiles_per_warp=runs)
-    assert plan.key_pass.tiles_per_block == runs
+                     setting=setting, key_layout="blocked", tiles_per_warp=runs, score_kernel=score_kernel)
+    assert plan.key_pass.tiles_per_block == runs and plan.key_pass.score_kernel == score_kernel
     plan.run(*to_gpu(q, key_layout.to_blocked(k, FB), v, lens), layer=1)
     want, ref = _reference(q, k, lens, setting, step=0, layer=1)
     got, part_s = plan.scores.get(), plan.part_s.get()

@@ -28,18 +28,23 @@ def plan(setting=KEYS, **kw):
 
 @pytest.mark.parametrize("budget", ["global", "largest_remainder", "fixed"])
 @pytest.mark.parametrize("block_n", [64, 128])
-def test_key_sampled_plan_launches(launches, budget, block_n):
-    """santa_key_blocks, santa_score_keys, then the block pass 2 after santa_score (prefix, tile
-    reading the stash, merge), for every budget (fixed too: its tile kernel does not score)."""
+@pytest.mark.parametrize("score_kernel", ["auto", "stream"])
+def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
+    """santa_key_blocks, santa_score_keys_mma (auto: tensor cores, 4 warps a block of runs) or
+    santa_score_keys (stream: a block a run), then the block pass 2 after santa_score (prefix,
+    tile reading the stash, merge), for every budget (fixed too: its tile kernel does not score)."""
     q, kb, v, lengths = blocked_inputs()
     setting = AttentionSetting.parse(KEYS).replace(budget=budget, block_n=block_n, key_draws=3,
                                                    key_combine="union")
-    p = plan(setting, head_offset=4)
+    p = plan(setting, head_offset=4, _kernels=KernelChoice(score_kernel=score_kernel))
     assert (p.score_kernel, p.tile_kernel, p.two_pass) == ("stream", "block", True)
+    mma = score_kernel == "auto"
+    assert p.key_pass.score_kernel == ("mma" if mma else "stream")
     p.step.fill(5)
     p.run(q, kb, v, lengths, layer=7)
     names = [name for name, *_ in launches]
-    assert names == ["santa_key_blocks", "santa_score_keys", "santa_prefix", "santa_tile", "santa_merge"]
+    assert names == ["santa_key_blocks", "santa_score_keys_mma" if mma else "santa_score_keys", "santa_prefix",
+                     "santa_tile", "santa_merge"]
     blocks, score, _, tile, _ = launches
     assert blocks[1] == (KVH, B) and blocks[2] == (32,)
     args = blocks[3]
@@ -48,7 +53,8 @@ def test_key_sampled_plan_launches(launches, budget, block_n):
     assert float(args[7]) == 0.5 and isinstance(args[7], np.float64)
     assert int(args[8]) == 1 and int(args[11]) == 7 and int(args[12]) == 4 // (H // KVH)
     tpb = p.key_pass.tiles_per_block
-    assert score[1] == (-(-(-(-L // block_n)) // tpb), KVH, B) and score[3][1] is kb
+    run = tpb * (4 if mma else 1)                       # tiles a block: 4 warps' runs, or the block's
+    assert score[1] == (-(-(-(-L // block_n)) // run), KVH, B) and score[3][1] is kb
     assert int(score[3][8]) == tpb and int(score[3][9]) == 16
     assert score[3][-2] is p.scores and score[3][-1] is p.part_s
     tile_args = tile[3]
@@ -57,12 +63,14 @@ def test_key_sampled_plan_launches(launches, budget, block_n):
     assert info.key_fraction.shape == (B, KVH) and info.key_fraction.dtype == np.float32
 
 
-def test_forced_run_length(launches):
+@pytest.mark.parametrize("score_kernel,run", [("stream", 2), ("mma", 8)])
+def test_forced_run_length(launches, score_kernel, run):
+    """KernelChoice.tiles_per_warp: the tiles of a block's run (stream) or of each warp's (mma)."""
     p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
-                   _kernels=KernelChoice(tiles_per_warp=2))
+                   _kernels=KernelChoice(tiles_per_warp=2, score_kernel=score_kernel))
     p.run(*blocked_inputs())
     score = launches[1]
-    assert p.key_pass.tiles_per_block == 2 and int(score[3][8]) == 2 and score[1][0] == -(-(-(-L // 128)) // 2)
+    assert p.key_pass.tiles_per_block == 2 and int(score[3][8]) == 2 and score[1][0] == -(-(-(-L // 128)) // run)
 
 
 def test_key_sampled_stage_launchers_and_sample_counts(launches):
@@ -79,7 +87,7 @@ def test_key_sampled_stage_launchers_and_sample_counts(launches):
     counts = p.sample_counts(q, kb, lengths, layer=2)
     p.run_from_counts(q, kb, v, lengths, counts, layer=2)
     names = [name for name, *_ in launches]
-    assert names[:2] == ["santa_key_blocks", "santa_score_keys"] and names.count("santa_key_blocks") == 2
+    assert names[:2] == ["santa_key_blocks", "santa_score_keys_mma"] and names.count("santa_key_blocks") == 2
     assert all(int(a[11]) == 2 for name, _, _, a, _ in launches if name == "santa_key_blocks")
 
 
@@ -102,9 +110,9 @@ def test_gpu_refusals(launches):
         plan(dtype="float32")
     with pytest.raises(ValueError, match="multiple of heads // kv_heads"):
         plan(head_offset=3)
-    with pytest.raises(ValueError, match="score_kernel must be"):
+    with pytest.raises(ValueError, match="tile_kernel must be"):
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
-                   _kernels=KernelChoice(score_kernel="mma"))
+                   _kernels=KernelChoice(tile_kernel="warp"))
     with pytest.raises(ValueError, match="key_layout must be one of"):
         plan(key_layout="HND")
     p = plan()

@@ -3,7 +3,7 @@
     python tools/key_bench.py [--batch 16 --heads 32 --kv-heads 8 --head-dim 128 --length 32768
                                --dtype bfloat16 --key-block 16 --budgets 1.0 0.75 0.5 0.25 --reps 20]
 
-The blocked pass (santa_key_blocks + santa_score_keys on K in key_layout="blocked", rule
+The blocked pass (santa_key_blocks + santa_score_keys or santa_score_keys_mma, --kernels, on K in key_layout="blocked", rule
 "uniform": every block has pi = budget) at each budget, and beside it the score pass a plan runs
 today on the standard layout (santa_score_mma, the automatic choice, and santa_score, the FMA
 pass the blocked kernel is built like). Each line: µs per pass, K bytes read (measured from the
@@ -45,6 +45,8 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma"),
+                    help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma")
     args = ap.parse_args()
     import cupy
 
@@ -76,12 +78,20 @@ def main() -> int:
         us = time_us(cupy, lambda: plan._score(q, k, lengths, pages), args.reps)
         print(f"{name:44s} {us:9.1f} {k_bytes / 1e6:10.1f} {k_bytes / us / 1e6:6.2f} {1.0:8.3f}")
 
+    for kernel in args.kernels:
+        bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes)
+    return 0
+
+
+def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes):
+    """The blocked key pass with score kernel ``kernel`` at each of args.budgets."""
+    B, H, KVH, D, L, FB = args.batch, args.heads, args.kv_heads, args.head_dim, args.length, args.key_block
     t_full = None
     for budget in args.budgets:
         setting = AttentionSetting(block_n=args.block_n, key_sampling="bernoulli_block", key_block=FB,
                                    key_budget=budget, key_rule="uniform")
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
-                          block_n=args.block_n, setting=setting, scale=scale)
+                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         us_blocks = time_us(cupy, lambda: kp.launch_blocks(q, step, 0), args.reps)
         fraction = float(kp.blocks_read.sum().get()) / (B * KVH * kp.C)
@@ -91,12 +101,11 @@ def main() -> int:
         saving = ""
         if t_full is not None and fraction < 1.0:
             saving = f"{(t_full - us) / (t_full * (1.0 - fraction)):7.2f}"
-        print(f"{'blocked key sampling, budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
+        print(f"{'blocked ' + kernel + ', budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
               f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (santa_key_blocks alone {us_blocks:.1f} us, "
-              f"{kp.tiles_per_block} tiles a block)")
+              f"{kp.tiles_per_block} tiles a {'warp' if kernel == 'mma' else 'block'})")
     if t_full is None:
         print("(no budget 1.0 in --budgets: the saving needs its time)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)
 for FB in (16, 32):
     kb = key_layout.to_blocked(k, FB)
     DecodePlan(method="dense", key_block=FB, key_layout="blocked", **kw).run(q, kb, v, lengths)
-    DecodePlan(santa_min_length=0, key_layout="blocked", key_sampling="bernoulli_block", key_block=FB,
-               key_budget=0.5, key_rule="qrms", key_draws=2, **kw).run(q, kb, v, lengths)
+    for score_kernel in ("stream", "mma"):
+        DecodePlan(santa_min_length=0, key_layout="blocked", key_sampling="bernoulli_block", key_block=FB,
+                   key_budget=0.5, key_rule="qrms", key_draws=2, _kernels=KernelChoice(score_kernel=score_kernel),
+                   **kw).run(q, kb, v, lengths)
 cupy.cuda.Device().synchronize()
 print("racecheck case done")

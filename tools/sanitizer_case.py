@@ -82,6 +82,11 @@ for FB, combine in ((16, "mean"), (32, "union")):
                          key_draws=2, key_combine=combine)
     key_scores(q, kb, lengths, key_sampling="bernoulli_block", key_block=FB, key_budget=0.3, key_rule="qmax",
                key_layout="blocked")
+    for score_kernel, runs in (("stream", 2), ("mma", 3)):   # the FMA pass; the tensor-core one in long runs
+        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
+                   key_layout="blocked", key_sampling="bernoulli_block", key_block=FB, key_budget=0.5,
+                   key_rule="qrms", _kernels=KernelChoice(score_kernel=score_kernel, tiles_per_warp=runs)
+                   ).run(q, kb, v, lengths)
 # the decoder's kernels: gemv (3 tokens, K not a multiple of the warp stride) and decoder.cu
 from llama_min import ops as decoder_ops  # noqa: E402
 x16 = cupy.asarray(rng.standard_normal((3, 264)).astype(np.float16))
