@@ -12,9 +12,11 @@ class _PlanSizing:
         """The length from which a sequence runs santa (shorter ones run dense): "auto" derives it
         from the shape and the device (kernels.santa_min_length), an integer >= 0 sets it (0 or 1:
         santa for every sequence, e.g. to study the estimator at short lengths). Only the two-launch
-        pipeline (warp pass 2) mixes the two per sequence; other santa plans run santa throughout."""
+        pipeline (warp pass 2) without key sampling mixes the two per sequence; other santa plans run
+        santa throughout."""
+        key_sampled = self.setting.key_sampled    # a blocked K: the dense fallback would read a standard one
         if santa_min_length == "auto":
-            if not self._warp:
+            if not self._warp or key_sampled:
                 return 0
             import cupy
             return kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
@@ -22,6 +24,9 @@ class _PlanSizing:
         if santa_min_length > 1 and self.one_pass:
             raise ValueError(f"santa_min_length={santa_min_length}: budget {spec.ONE_PASS!r} has no dense fallback "
                              "(use 'auto', 0 or 1)")
+        if santa_min_length > 1 and key_sampled:
+            raise ValueError(f"santa_min_length={santa_min_length}: key sampling has no dense fallback (its K is "
+                             "blocked; use 'auto', 0 or 1)")
         if santa_min_length > 1 and not self._warp:
             raise ValueError(f"santa_min_length={santa_min_length} needs the two-launch santa pipeline (systematic "
                              f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "

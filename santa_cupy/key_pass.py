@@ -261,15 +261,14 @@ def _check_key_layout(value):
     return _key_layout.check_key_layout(value)
 
 
-def key_sampling_choice(choice: KernelChoice) -> KernelChoice:
-    """A key-sampled plan's kernels: its own score pass (KeyScorePass, in place of santa_score;
-    choice.score_kernel picks its kernel) and the block pass 2 that follows the stash (santa_tile,
-    santa_merge); a forced warp pass 2 is a ValueError. The returned choice is the plan's routes'
-    (score_kernel "stream": no standard score pass of its own)."""
-    if choice.tile_kernel not in ("auto", "block"):
-        raise ValueError(f"key sampling runs the block pass 2: tile_kernel must be 'auto' or 'block', got "
-                         f"tile_kernel={choice.tile_kernel!r}")
-    return dataclasses.replace(choice, score_kernel="stream", tile_kernel="block")
+def key_sampling_choice(choice: KernelChoice, *, dtype, head_dim) -> tuple[KernelChoice, str]:
+    """A key-sampled plan's kernels: (the plan's choice, KeyScorePass's score kernel). The key pass
+    (in place of santa_score / santa_score_mma) writes their stash and tile stats, so pass 2 is
+    the plan's usual one: after the tensor-core key pass (santa_score_keys_mma) the choice keeps
+    score_kernel "mma" (the warp pass 2 may follow, KernelChoice.tile_kernel as for any plan), after
+    the FMA one (santa_score_keys) "stream" and the block pass 2."""
+    key_kernel = resolve_key_kernel(choice.score_kernel, dtype, head_dim)
+    return dataclasses.replace(choice, score_kernel=key_kernel), key_kernel
 
 
 def resolve_key_kernel(score_kernel, dtype, head_dim) -> str:

@@ -122,9 +122,9 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                                             group=heads // kv_heads if kv_heads and heads % kv_heads == 0 else 1,
                                             head_offset=self.head_offset, dense_kernel=choice.dense_kernel)
         self.key_block = setting.key_block if self.key_layout == "blocked" else None   # FB of a blocked K
-        key_kernel = choice.score_kernel     # with key sampling: KeyScorePass's kernel
-        if setting.key_sampled:              # the key pass's route: the block pass 2 and santa_merge
-            choice = key_pass.key_sampling_choice(choice)
+        key_kernel = None                    # with key sampling: KeyScorePass's score kernel
+        if setting.key_sampled:              # the key pass in place of the score pass, then the usual pass 2
+            choice, key_kernel = key_pass.key_sampling_choice(choice, dtype=dtype, head_dim=head_dim)
         self.setting, self._choice = setting, choice
         self._checked_kernels = set()        # kernels whose launch arguments _launch has checked
         method, samples, sampler, budget = setting.method, setting.samples, setting.sampler, setting.budget
@@ -331,7 +331,7 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
                 if self.santa_from > self.L_max:
                     return out
-            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from)
+            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
             self._tile_warp(v_cache, lengths, layer, out, pages)
             if not self.finish_in_kernel:
                 self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)

@@ -150,9 +150,12 @@ def test_gpu_scores_unbiased(combine, R, rule):
 
 @pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS[:2])
 @pytest.mark.parametrize("budget", ["global", "fixed"])
-def test_decode_attention_matches_key_sampled_attention(dtype, D, G, block_n, budget):
+@pytest.mark.parametrize("score_kernel", ["auto", "stream"])
+def test_decode_attention_matches_key_sampled_attention(dtype, D, G, block_n, budget, score_kernel):
     """(e) SANTA with S >> n rows on the GPU's estimated scores against the exact softmax of the
-    reference's (the same blocks, weights within float32): key_fraction and lse too."""
+    reference's (the same blocks, weights within float32): key_fraction and lse too. auto: the
+    tensor-core key pass and the warp pass 2 (decode_attention); stream: the FMA key pass and the
+    block pass 2 (a plan forcing it)."""
     lengths = [40, 1, 97]
     q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=9)
     setting = _setting(block_n, key_budget=0.6, key_draws=2, key_combine="union").replace(
@@ -160,8 +163,17 @@ def test_decode_attention_matches_key_sampled_attention(dtype, D, G, block_n, bu
     o_ref, lse_ref, ks, _ = key_sampling.key_sampled_attention(
         q, k, v, lens, value="dense", seed=setting.seed, step=6, layer=2, **setting.key_options)
     qg, kbg, vg, lg = to_gpu(q, key_layout.to_blocked(k, 16), v, lens)
-    o, info = santa_cupy.decode_attention(qg, kbg, vg, lg, setting, step=6, layer=2, return_info=True,
-                                          key_layout="blocked")
+    if score_kernel == "auto":
+        o, info = santa_cupy.decode_attention(qg, kbg, vg, lg, setting, step=6, layer=2, return_info=True,
+                                              key_layout="blocked")
+    else:
+        from tests.gpu_util import make_plan
+        B, H, _ = q.shape
+        plan = make_plan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
+                         setting=setting, step=6, key_layout="blocked", score_kernel="stream")
+        assert (plan.key_pass.score_kernel, plan.tile_kernel) == ("stream", "block")
+        o = plan.run(qg, kbg, vg, lg, layer=2)
+        info = plan.info()
     assert np.array_equal(info.key_fraction.get(), ks.group_fraction.astype(np.float32))
     assert np.allclose(info.lse.get(), lse_ref, atol=2e-4, rtol=1e-5)
     # S = 65536 comb points over <= 97 rows: each row's weight within 1 / S, plus the output's rounding

@@ -37,15 +37,18 @@ def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
     setting = AttentionSetting.parse(KEYS).replace(budget=budget, block_n=block_n, key_draws=3,
                                                    key_combine="union")
     p = plan(setting, head_offset=4, _kernels=KernelChoice(score_kernel=score_kernel))
-    assert (p.score_kernel, p.tile_kernel, p.two_pass) == ("stream", "block", True)
     mma = score_kernel == "auto"
-    assert p.key_pass.score_kernel == ("mma" if mma else "stream")
+    # after the tensor-core key pass the warp pass 2 (finishing in the kernel: 4 groups), except
+    # the fixed budget on this small cache (the block kernel); after the FMA one the block pass 2
+    warp = mma and budget != "fixed"
+    assert (p.score_kernel, p.two_pass, p.santa_from) == ("mma" if mma else "stream", True, 0)
+    assert p.key_pass.score_kernel == p.score_kernel and (p.tile_kernel == "block") == (not warp)
     p.step.fill(5)
     p.run(q, kb, v, lengths, layer=7)
     names = [name for name, *_ in launches]
-    assert names == ["santa_key_blocks", "santa_score_keys_mma" if mma else "santa_score_keys", "santa_prefix",
-                     "santa_tile", "santa_merge"]
-    blocks, score, _, tile, _ = launches
+    assert names == ["santa_key_blocks", "santa_score_keys_mma" if mma else "santa_score_keys", "santa_prefix"] \
+        + (["santa_tile_warp"] if warp else ["santa_tile", "santa_merge"])
+    blocks, score, _, tile = launches[:4]
     assert blocks[1] == (KVH, B) and blocks[2] == (32,)
     args = blocks[3]
     # (q, H, KVH, D, FB, rule, R, budget, combine, seed, step, layer, kv_offset, ...)
@@ -58,7 +61,10 @@ def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
     assert int(score[3][8]) == tpb and int(score[3][9]) == 16
     assert score[3][-2] is p.scores and score[3][-1] is p.part_s
     tile_args = tile[3]
-    assert int(tile_args[13]) == 0                      # own_scores 0: the stash of santa_score_keys
+    if warp:                                            # the key pass's stash, every sequence santa
+        assert tile_args[14] is p.scores and int(tile_args[-1 - 4]) == 0
+    else:
+        assert int(tile_args[13]) == 0                  # own_scores 0: the stash of santa_score_keys
     info = p.info()
     assert info.key_fraction.shape == (B, KVH) and info.key_fraction.dtype == np.float32
 
@@ -110,9 +116,11 @@ def test_gpu_refusals(launches):
         plan(dtype="float32")
     with pytest.raises(ValueError, match="multiple of heads // kv_heads"):
         plan(head_offset=3)
-    with pytest.raises(ValueError, match="tile_kernel must be"):
+    with pytest.raises(ValueError, match="tile_kernel='warp' needs"):      # the warp pass 2 follows the mma pass
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
-                   _kernels=KernelChoice(tile_kernel="warp"))
+                   _kernels=KernelChoice(score_kernel="stream", tile_kernel="warp"))
+    with pytest.raises(ValueError, match="key sampling has no dense fallback"):
+        plan(AttentionSetting.parse(KEYS).replace(santa_min_length=100))
     with pytest.raises(ValueError, match="key_layout must be one of"):
         plan(key_layout="HND")
     p = plan()
