@@ -197,6 +197,143 @@ struct KeyWeightedQuery : MmaQuery<T, D, G> {
     }
 };
 
+// ---- block key sampling over the read 32-feature groups only (santa_score_keys_mma) ----------
+// When only NG of the D / 32 groups of 32 features (MmaQuery's k-step pairs 2 i, 2 i + 1) hold a
+// read block, a key's slice shrinks to the 4 NG words of those groups, and the same registers hold
+// SPAN = (D / 32) / NG 16-key steps: CompactKeyRun keeps SPAN times the keys (and the same bytes a
+// step as a full read) in flight, so the pass's time follows the bytes it reads rather than its
+// steps. gid[k] (k < NG) = the groups, in order; warp-uniform (the group's weights).
+
+// The blocked K seen through the read groups: thread t's piece of group gid[k] is SampledKeyRows'
+// piece t + 4 gid[k], goff[k] = gid[k] * 32 * L_max elements past piece t; bit k of `pieces`: that
+// piece lies in a read block (FB 16: one of the group's two blocks may be unread).
+template <typename T, int D, int NG>
+struct CompactKeyRows : BlockedKeyRows<T, D> {
+    i64 goff[NG];
+    u32 pieces;
+};
+
+template <typename T, int D, int NG>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[4 * NG], const CompactKeyRows<T, D, NG>& K, const T* base,
+                                               i64 b, i64 step0, i64 key, i64 row_end, int g, int t) {
+    const bool valid = key < row_end;
+    const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
+#pragma unroll
+    for (int k = 0; k < NG; ++k) {
+        const bool read = valid && (K.pieces >> k & 1u);
+        const uint4 x = read ? *reinterpret_cast<const uint4*>(p + K.goff[k]) : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * k] = x.x; w[4 * k + 1] = x.y; w[4 * k + 2] = x.z; w[4 * k + 3] = x.w;
+    }
+}
+
+// KeyWeightedQuery restricted to the groups gid[0..NG): their words and block weights, loaded
+// from memory (selecting them from a full query's registers by a runtime group index would put
+// those registers in local memory).
+template <typename T, int D, int G, int NG>
+struct CompactKeyQuery {
+    static constexpr bool kHi = G > 8;
+    u32 lo[4 * NG], hi[4 * NG];
+    float w[NG][2];                          // FB 32: [k][0] group gid[k]'s block; FB 16: [k][h] block 2 gid[k] + h
+    bool fb32;
+    int half;
+
+    // q [B, H, D], head0 = b * H + g * G; wgt = the group's C weights (key_weight[b, g])
+    __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t, const float* wgt, int key_block,
+                                         const int (&gid)[NG]) {
+        fb32 = key_block == 32;
+        half = t >> 1;
+        const uint4* rlo = reinterpret_cast<const uint4*>(q + (head0 + gi) * D);
+        const uint4* rhi = reinterpret_cast<const uint4*>(q + (head0 + gi + 8) * D);
+#pragma unroll
+        for (int k = 0; k < NG; ++k) {
+            const int piece = t + 4 * gid[k];             // thread t's quad of group gid[k] (MmaQuery's)
+            const uint4 x = gi < G ? rlo[piece] : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 y = kHi && gi + 8 < G ? rhi[piece] : make_uint4(0u, 0u, 0u, 0u);
+            lo[4 * k] = x.x; lo[4 * k + 1] = x.y; lo[4 * k + 2] = x.z; lo[4 * k + 3] = x.w;
+            hi[4 * k] = y.x; hi[4 * k + 1] = y.y; hi[4 * k + 2] = y.z; hi[4 * k + 3] = y.w;
+            w[k][0] = fb32 ? wgt[gid[k]] : wgt[2 * gid[k]];
+            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1];
+        }
+    }
+
+    // bits k: this thread's piece of group gid[k] lies in a read block (CompactKeyRows::pieces)
+    __device__ __forceinline__ u32 read_pieces() const {
+        u32 bits = 0u;
+#pragma unroll
+        for (int k = 0; k < NG; ++k)
+            if ((fb32 || half == 0 ? w[k][0] : w[k][1]) != 0.f) bits |= 1u << k;
+        return bits;
+    }
+
+    // KeyWeightedQuery::scores over the compact slice k (4 NG words)
+    __device__ __forceinline__ void scores(float (&s)[4], const u32 (&k)[4 * NG]) const {
+        s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float wc = w[g][h];
+                if ((fb32 && h == 1) || wc == 0.f) continue;         // warp-uniform
+                const bool mine = fb32 || half == h;
+                float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int w0 = 4 * g + 2 * e;
+                    const u32 a[4] = {mine ? lo[w0] : 0u, mine ? hi[w0] : 0u, mine ? lo[w0 + 1] : 0u,
+                                      mine ? hi[w0 + 1] : 0u};
+                    mma_16816<T>(p, a, k[w0], k[w0 + 1]);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[e] = fmaf(wc, p[e], s[e]);
+            }
+        }
+    }
+};
+
+// KeyRun's pipeline over compact slices: a step is KS = 16 SPAN keys (2 SPAN n-tiles of 8) in (at
+// most) the registers KeyRun gives one 16-key step; f(st, j, s) as KeyRun's (16 st + 8 j the
+// n-tile's first key in the tile).
+template <typename T, int D, int BN, int NG>
+struct CompactKeyRun {
+    // SPAN: the steps KeyRun's registers hold, at most half a tile (an even NSTEP keeps the buffer
+    // index k & 1 a compile-time st & 1: a runtime one would put kbuf in local memory)
+    static constexpr int SPAN_REGS = (D / 32) / NG, SPAN = SPAN_REGS < BN / 32 ? SPAN_REGS : BN / 32;
+    static constexpr int NT = 2 * SPAN, KS = 16 * SPAN, NSTEP = BN / KS, W = 4 * NG;
+    static_assert(NSTEP * KS == BN && NSTEP % 2 == 0, "an even number of whole compact steps a tile");
+    u32 kbuf[2][NT][W];
+
+    __device__ __forceinline__ void start(const CompactKeyRows<T, D, NG>& K, i64 b, i64 row0, i64 row_end, int g,
+                                          int gi, int tq) {
+        const T* base = K.row(b, row0, g);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+            load_key_slice<T, D, NG>(kbuf[0][j], K, base, b, row0, row0 + 8 * j + gi, row_end, g, tq);
+    }
+
+    template <typename Query, typename F>
+    __device__ __forceinline__ void score_tile(const Query& mq, int index, const CompactKeyRows<T, D, NG>& K, i64 b,
+                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, int gi, int tq,
+                                               F&& f) {
+#pragma unroll
+        for (int st = 0; st < NSTEP; ++st) {
+            const int k = index * NSTEP + st, cur = k & 1;
+            const bool last = st + 1 == NSTEP;
+            const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
+            const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);
+            const T* base = K.row(b, step0, g);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                load_key_slice<T, D, NG>(kbuf[cur ^ 1][j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float s[4];
+                mq.scores(s, kbuf[cur][j]);
+                f(SPAN * st + (j >> 1), j & 1, s);
+            }
+        }
+    }
+};
+
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
 // -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).

@@ -81,8 +81,9 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (H200).
 // The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
-// Query: MmaQuery (loaded by the caller) or KeyWeightedQuery; KRows: CacheRows or SampledKeyRows.
-template <typename T, int D, int BN, int G, typename Query, typename KRows>
+// Query: MmaQuery (loaded by the caller), KeyWeightedQuery or CompactKeyQuery; KRows: CacheRows,
+// SampledKeyRows or CompactKeyRows; Run: KeyRun, or CompactKeyRun with CompactKeyRows.
+template <typename T, int D, int BN, int G, typename Run = KeyRun<T, D, BN>, typename Query, typename KRows>
 __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n, float scale,
                                           i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
                                           i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
@@ -95,7 +96,7 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
     const bool pairs_lo = ((head0 + gi) * L_max & 1) == 0, pairs_hi = ((head0 + gi + 8) * L_max & 1) == 0;
     const bool own_lo = gi < G, own_hi = kHi && gi + 8 < G;
 
-    KeyRun<T, D, BN> kr;
+    Run kr;
     const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
     kr.start(K, b, first0, first_end, g, gi, tq);
     for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count

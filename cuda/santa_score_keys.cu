@@ -288,6 +288,65 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
 //   SC_NTHREADS, c = tiles_per_block here meaning tiles a warp: warp w of block x takes the run
 //   [(4 x + w) c, (4 x + w + 1) c) of (b, g)'s tiles. Writes what santa_score_keys writes; no
 //   shared memory, no block-level sync.
+// santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
+template <typename T, int D, int BN, int G, int NG>
+__device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 groups, const T* kb, i64 L_max,
+                                              int KVH, int FB, int n, float scale, int T_max, int t_begin, int t_end,
+                                              i64 b, int g, i64 head0, float* scores, float4* part_s) {
+    const int lane = threadIdx.x & 31, tq = lane & 3;
+    int gid[NG];
+#pragma unroll
+    for (int k = 0; k < NG; ++k) {
+        gid[k] = __ffs(groups) - 1;
+        groups &= groups - 1u;
+    }
+    CompactKeyQuery<T, D, G, NG> mq;
+    mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+    CompactKeyRows<T, D, NG> K;
+    K.data = kb;
+    K.L_max = L_max;
+    K.KVH = KVH;
+    K.FB = FB;
+#pragma unroll
+    for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * L_max;
+    K.pieces = mq.read_pieces();
+    score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
+                                                        scores, part_s);
+}
+
+// santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
+//   bf16, D 64 / 128, G <= 16): santa_score_mma's warp pipeline (score_run: K a 16-key step ahead
+//   in registers across the run's tiles, scores straight to the stash and into online stats) on
+//   the blocked K, reading only the pieces of read blocks (SampledKeyRows) and adding each read
+//   block's product with its weight (KeyWeightedQuery). Grid (ceil(T_max / (4 c)), KVH, B), block
+//   SC_NTHREADS, c = tiles_per_block here meaning tiles a warp: warp w of block x takes the run
+//   [(4 x + w) c, (4 x + w + 1) c) of (b, g)'s tiles. Writes what santa_score_keys writes; no
+//   shared memory, no block-level sync.
+// santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
+template <typename T, int D, int BN, int G, int NG>
+__device__ __forceinline__ void score_compact(const KeyWeightedQuery<T, D, G>& full, u32 groups, const T* kb,
+                                              i64 L_max, int KVH, int FB, int n, float scale, int T_max, int t_begin,
+                                              int t_end, i64 b, int g, i64 head0, float* scores, float4* part_s) {
+    int gid[NG];
+#pragma unroll
+    for (int k = 0; k < NG; ++k) {
+        gid[k] = __ffs(groups) - 1;
+        groups &= groups - 1u;
+    }
+    CompactKeyQuery<T, D, G, NG> mq;
+    mq.select(full, gid);
+    CompactKeyRows<T, D, NG> K;
+    K.data = kb;
+    K.L_max = L_max;
+    K.KVH = KVH;
+    K.FB = FB;
+#pragma unroll
+    for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * L_max;
+    K.pieces = mq.read_pieces();
+    score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
+                                                        scores, part_s);
+}
+
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
@@ -306,9 +365,29 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     if (t_begin >= t_end) return;                        // whole warp
     const i64 head0 = b * H + (i64)g * G;
     const int tq = lane & 3;
+    const float* wgt = key_weight + (b * KVH + g) * (D / FB);
+    u32 groups = 0u;                                     // the 32-feature groups holding a read block
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i)
+        if (FB == 32 ? wgt[i] != 0.f : (wgt[2 * i] != 0.f || wgt[2 * i + 1] != 0.f)) groups |= 1u << i;
+    const int ng = __popc(groups);
+    // Few groups read: their compact slices, SPAN steps in flight (CompactKeyRun). D 128: 1 or 2 of
+    // 4 groups; D 64: 1 of 2.
+    if (ng == 1) {
+        score_compact<T, D, BN, G, 1>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
+                                      head0, scores, part_s);
+        return;
+    }
+    if constexpr (D == 128) {
+        if (ng == 2) {
+            score_compact<T, D, BN, G, 2>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
+                                          head0, scores, part_s);
+            return;
+        }
+    }
     KeyWeightedQuery<T, D, G> mq;
     mq.load(q, head0, lane >> 2, tq);
-    mq.load_weights(key_weight + (b * KVH + g) * (D / FB), FB, tq);
+    mq.load_weights(wgt, FB, tq);
     SampledKeyRows<T, D> K;
     K.data = kb;
     K.L_max = L_max;
