@@ -30,7 +30,8 @@ from santa_cupy import key_layout as _key_layout
 from santa_cupy.kernel_choice import KernelChoice
 
 __all__ = ["KeyScorePass", "check_gpu_key_setting", "check_blocked_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
-           "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "resolve_key_kernel", "check_standard_keys"]
+           "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "resolve_key_kernel", "check_standard_keys",
+           "balanced_tiles_per_warp"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -111,7 +112,7 @@ class KeyScorePass:
         if tiles_per_block:
             self.tiles_per_block = int(tiles_per_block)
         elif self.score_kernel == "mma":
-            self.tiles_per_block = kernels.tiles_per_warp(self.T_max, batch * kv_heads, slots)
+            self.tiles_per_block = balanced_tiles_per_warp(self.T_max, batch * kv_heads, slots)
         else:
             self.tiles_per_block = fit_tiles_per_block(self.T_max, batch * kv_heads, slots)
         # grid x: runs of tiles_per_block tiles, one a block (stream) or one a warp (mma)
@@ -158,6 +159,21 @@ def fit_tiles_per_block(tiles, groups, slots, overhead=0.5, max_tiles=MAX_TILES_
     ``groups`` of them, ``slots`` resident blocks; kernels.run_length with one run a block and at
     most ``max_tiles`` (``overhead``: a block's prologue, the read list and weighted q)."""
     return kernels.run_length(tiles, groups, slots, runs_per_block=1, overhead=overhead, max_tiles=max_tiles)
+
+
+KEY_RUN_WAVES = 4
+
+
+def balanced_tiles_per_warp(tiles, groups, slots, waves=KEY_RUN_WAVES) -> int:
+    """Tiles a warp of santa_score_keys_mma: kernels.tiles_per_warp (one wave of long runs for
+    equal work), but short enough for ``waves`` waves of blocks. A group's cost follows the
+    blocks its draws read (compact runs when one or two feature groups hold them), so in one wave
+    the kernel takes as long as its most-read group (H200, B=16 32k, a quarter of K read: 216 us
+    at 16 tiles a warp, where the average group's bytes take a third of that); with several waves
+    the block scheduler evens them out."""
+    fit = kernels.tiles_per_warp(tiles, groups, slots)
+    even = -(-tiles * groups // (waves * slots * (kernels.THREADS // 32)))
+    return max(1, min(fit, even))
 
 
 def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):

@@ -272,3 +272,14 @@ def test_numpy_dense_on_a_blocked_key_is_the_reference(FB):
     assert np.array_equal(o, ob) and np.array_equal(info.lse, info_b.lse)
     with pytest.raises(ValueError, match="method 'dense' without key sampling"):
         decode_attention(q, key_layout.to_blocked(k, FB), v, lengths, "systematic/global/S=8", key_layout="blocked")
+
+
+def test_balanced_tiles_per_warp():
+    """santa_score_keys_mma's runs: the one-wave fit shortened to KEY_RUN_WAVES waves of blocks
+    (B=16 32k on 132 SMs x 4 blocks: 16 -> 4 tiles a warp), never longer than the fit, at least 1."""
+    from santa_cupy.key_pass import KEY_RUN_WAVES, balanced_tiles_per_warp
+    slots = 132 * 4
+    assert kernels.tiles_per_warp(256, 128, slots) == 16 and balanced_tiles_per_warp(256, 128, slots) == 4
+    assert balanced_tiles_per_warp(1024, 128, slots) == 16        # 128k: the fit already fills 4 waves
+    assert balanced_tiles_per_warp(256, 8, slots) == 1 and balanced_tiles_per_warp(3, 2, slots) == 1
+    assert balanced_tiles_per_warp(256, 128, slots, waves=1) == 16 and KEY_RUN_WAVES == 4
