@@ -99,18 +99,26 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<
 }
 
 // The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):
-// piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of L_max * FB elements on.
+// piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of L_max * FB elements on; only
+// the pieces i with bit i of `pieces` set are read (the others are zeros).
 template <typename T, int D>
-__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base, i64 b,
-                                               i64 step0, i64 key, i64 row_end, int g, int t) {
+__device__ __forceinline__ void load_blocked_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base,
+                                                   i64 b, i64 step0, i64 key, i64 row_end, int g, int t, u32 pieces) {
     const bool valid = key < row_end;
     const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
     const i64 stride = 32 * K.L_max;
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
-        const uint4 x = valid ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
+        const bool read = valid && (pieces >> i & 1u);
+        const uint4 x = read ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
         w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
     }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base, i64 b,
+                                               i64 step0, i64 key, i64 row_end, int g, int t) {
+    load_blocked_slice<T, D>(w, K, base, b, step0, key, row_end, g, t, ~0u);
 }
 
 // A feature-blocked K of which only some blocks are read (block key sampling, santa_score_keys_mma):
@@ -124,15 +132,7 @@ struct SampledKeyRows : BlockedKeyRows<T, D> {
 template <typename T, int D>
 __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const SampledKeyRows<T, D>& K, const T* base, i64 b,
                                                i64 step0, i64 key, i64 row_end, int g, int t) {
-    const bool valid = key < row_end;
-    const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
-    const i64 stride = 32 * K.L_max;
-#pragma unroll
-    for (int i = 0; i < D / 32; ++i) {
-        const bool read = valid && (K.pieces >> i & 1u);
-        const uint4 x = read ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
-        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
-    }
+    load_blocked_slice<T, D>(w, K, base, b, step0, key, row_end, g, t, K.pieces);
 }
 
 // The query of block key sampling on tensor cores (santa_score_keys_mma): MmaQuery's slices and

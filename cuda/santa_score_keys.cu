@@ -322,31 +322,6 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
 //   SC_NTHREADS, c = tiles_per_block here meaning tiles a warp: warp w of block x takes the run
 //   [(4 x + w) c, (4 x + w + 1) c) of (b, g)'s tiles. Writes what santa_score_keys writes; no
 //   shared memory, no block-level sync.
-// santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
-template <typename T, int D, int BN, int G, int NG>
-__device__ __forceinline__ void score_compact(const KeyWeightedQuery<T, D, G>& full, u32 groups, const T* kb,
-                                              i64 L_max, int KVH, int FB, int n, float scale, int T_max, int t_begin,
-                                              int t_end, i64 b, int g, i64 head0, float* scores, float4* part_s) {
-    int gid[NG];
-#pragma unroll
-    for (int k = 0; k < NG; ++k) {
-        gid[k] = __ffs(groups) - 1;
-        groups &= groups - 1u;
-    }
-    CompactKeyQuery<T, D, G, NG> mq;
-    mq.select(full, gid);
-    CompactKeyRows<T, D, NG> K;
-    K.data = kb;
-    K.L_max = L_max;
-    K.KVH = KVH;
-    K.FB = FB;
-#pragma unroll
-    for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * L_max;
-    K.pieces = mq.read_pieces();
-    score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
-                                                        scores, part_s);
-}
-
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
