@@ -1,9 +1,10 @@
-"""Block key sampling's score pass on the GPU: santa_key_blocks + santa_score_keys
-(cuda/santa_score_keys.cu) on a feature-blocked K (santa_cupy/key_layout.py).
+"""Block key sampling's score pass on the GPU: santa_key_blocks + santa_score_keys_mma (tensor
+cores, the automatic choice) or santa_score_keys (FMA) (cuda/santa_score_keys.cu) on a
+feature-blocked K (santa_cupy/key_layout.py).
 
 ``KeyScorePass`` holds the pass's workspaces for one shape and setting and launches its two
-kernels; what it writes is santa_score's stash and tile stats, so DecodePlan runs its block
-pipeline after it unchanged (santa_prefix -> santa_tile -> santa_merge). ``gpu_key_scores`` is
+kernels; what it writes is santa_score's stash and tile stats, so DecodePlan runs its usual pass
+2 after it (the warp pipeline after the mma pass, the block one after the FMA pass). ``gpu_key_scores`` is
 santa_cupy.key_scores on CuPy inputs. The estimator is the NumPy reference's
 (santa_cupy/key_sampling.py, key_sampling "bernoulli_block"): the same pi, masks and weights bit
 for bit, scores in float32.

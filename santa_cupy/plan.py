@@ -14,8 +14,10 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
         fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
   santa, budget one_pass: santa_one_pass (score + sample + gather) -> santa_merge
   santa with block key sampling (key_layout="blocked", santa_cupy/key_pass.py): santa_key_blocks
-        (pi, draws, weights per KV group) -> santa_score_keys (the stash and tile stats from the
-        selected K blocks only) -> santa_prefix -> santa_tile -> santa_merge, every budget
+        (pi, draws, weights per KV group) -> santa_score_keys_mma (the stash and tile stats from
+        the selected K blocks only, tensor cores) -> the warp pipeline's santa_prefix ->
+        santa_tile_warp [-> santa_merge] where it applies, else the block pass 2; with
+        score_kernel "stream" santa_score_keys (FMA) and the block pass 2. No dense fallback.
 
 Which kernels: santa_cupy/kernel_choice.py (derived from the shape, the setting and the device;
 overridden by bench and tests through the internal ``_kernels`` argument). The launches:
