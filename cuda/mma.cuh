@@ -290,50 +290,6 @@ struct CompactKeyQuery {
     }
 };
 
-// KeyRun's pipeline over compact slices: a step is KS = 16 SPAN keys (2 SPAN n-tiles of 8) in (at
-// most) the registers KeyRun gives one 16-key step; f(st, j, s) as KeyRun's (16 st + 8 j the
-// n-tile's first key in the tile).
-template <typename T, int D, int BN, int NG>
-struct CompactKeyRun {
-    // SPAN: the steps KeyRun's registers hold, at most half a tile (an even NSTEP keeps the buffer
-    // index k & 1 a compile-time st & 1: a runtime one would put kbuf in local memory)
-    static constexpr int SPAN_REGS = (D / 32) / NG, SPAN = SPAN_REGS < BN / 32 ? SPAN_REGS : BN / 32;
-    static constexpr int NT = 2 * SPAN, KS = 16 * SPAN, NSTEP = BN / KS, W = 4 * NG;
-    static_assert(NSTEP * KS == BN && NSTEP % 2 == 0, "an even number of whole compact steps a tile");
-    u32 kbuf[2][NT][W];
-
-    __device__ __forceinline__ void start(const CompactKeyRows<T, D, NG>& K, i64 b, i64 row0, i64 row_end, int g,
-                                          int gi, int tq) {
-        const T* base = K.row(b, row0, g);
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-            load_key_slice<T, D, NG>(kbuf[0][j], K, base, b, row0, row0 + 8 * j + gi, row_end, g, tq);
-    }
-
-    template <typename Query, typename F>
-    __device__ __forceinline__ void score_tile(const Query& mq, int index, const CompactKeyRows<T, D, NG>& K, i64 b,
-                                               i64 row0, i64 row_end, i64 next0, i64 next_end, int g, int gi, int tq,
-                                               F&& f) {
-#pragma unroll
-        for (int st = 0; st < NSTEP; ++st) {
-            const int k = index * NSTEP + st, cur = k & 1;
-            const bool last = st + 1 == NSTEP;
-            const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
-            const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);
-            const T* base = K.row(b, step0, g);
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-                load_key_slice<T, D, NG>(kbuf[cur ^ 1][j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float s[4];
-                mq.scores(s, kbuf[cur][j]);
-                f(SPAN * st + (j >> 1), j & 1, s);
-            }
-        }
-    }
-};
-
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
 // -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
@@ -358,31 +314,36 @@ struct OnlineStats {
 };
 
 // ---- Q K^T over a run of consecutive tiles (santa_score_mma) -----------------------------------
-// The K slices of the next 16-key step are in flight while a step computes: two register buffers
-// and a step counter that runs across the run's tiles, so the first step of tile t + 1 loads
-// while the last step of tile t computes and the K stream does not stop at tile boundaries.
+// The K slices of the next step are in flight while a step computes: two register buffers and a
+// step counter that runs across the run's tiles, so the first step of tile t + 1 loads while the
+// last step of tile t computes and the K stream does not stop at tile boundaries.
 //   KeyRun<T, D, BN> kr;  kr.start(...first tile...);
 //   for each tile i of the run: kr.score_tile(mq, i, rows of tile i, rows of tile i + 1 or an
 //                                              empty range, ..., f)
 // f(st, j, s) receives the unscaled scores s (C-fragment layout, MmaQuery::scores) of keys
-// row0 + 16 st + 8 j + [0, 8) of the tile, in step order.
-template <typename T, int D, int BN>
+// row0 + 16 st + 8 j + [0, 8) of the tile, in step order. A step is SPAN 16-key steps (2 SPAN
+// n-tiles of 8 keys) of W-word slices: KeyRun's own (SPAN 1, the full D / 8 words), or
+// CompactKeyRun's (the 4 NG words of NG read feature groups, SPAN more keys in the same registers).
+// An even number of steps a tile keeps the buffer index k & 1 a compile-time st & 1 (a runtime one
+// would put kbuf in local memory). KRows: CacheRows, SampledKeyRows or CompactKeyRows (their
+// load_key_slice); Query: MmaQuery, KeyWeightedQuery or CompactKeyQuery (their scores(s, k)).
+template <typename T, int D, int BN, int SPAN = 1, int W = D / 8>
 struct KeyRun {
-    static constexpr int KW = D / 8, NSTEP = BN / 16;
-    u32 kbuf[2][2][KW];                      // [buffer][n-tile][words]: step k in buffer k & 1
+    static constexpr int NT = 2 * SPAN, KS = 16 * SPAN, NSTEP = BN / KS;
+    static_assert(NSTEP * KS == BN && NSTEP % 2 == 0, "an even number of whole steps a tile");
+    u32 kbuf[2][NT][W];                      // [buffer][n-tile][words]: step k in buffer k & 1
 
-    // Step 0 of the run's first tile (rows [row0, row_end)). KRows: CacheRows or SampledKeyRows.
+    // Step 0 of the run's first tile (rows [row0, row_end)).
     template <typename KRows>
     __device__ __forceinline__ void start(const KRows& K, i64 b, i64 row0, i64 row_end, int g, int gi, int tq) {
         const T* base = K.row(b, row0, g);
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-            load_key_slice<T, D>(kbuf[0][j], K, base, b, row0, row0 + 8 * j + gi, row_end, g, tq);
+        for (int j = 0; j < NT; ++j)
+            load_key_slice(kbuf[0][j], K, base, b, row0, row0 + 8 * j + gi, row_end, g, tq);
     }
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
     // or an empty range (next_end == next0) after the last, whose loads then read nothing.
-    // Query: MmaQuery or KeyWeightedQuery (its scores(s, k)).
     template <typename Query, typename KRows, typename F>
     __device__ __forceinline__ void score_tile(const Query& mq, int index, const KRows& K, i64 b, i64 row0,
                                                i64 row_end, i64 next0, i64 next_end, int g, int gi, int tq, F&& f) {
@@ -391,19 +352,29 @@ struct KeyRun {
             const int k = index * NSTEP + st, cur = k & 1;       // the run's step counter
             // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of the next.
             const bool last = st + 1 == NSTEP;
-            const i64 key0 = last ? next0 : row0 + 16 * (st + 1), key_end = last ? next_end : row_end;
+            const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
             const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
             const T* base = K.row(b, step0, g);
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-                load_key_slice<T, D>(kbuf[cur ^ 1][j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
+            for (int j = 0; j < NT; ++j)
+                load_key_slice(kbuf[cur ^ 1][j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < NT; ++j) {
                 float s[4];
                 mq.scores(s, kbuf[cur][j]);
-                f(st, j, s);
+                f(SPAN * st + (j >> 1), j & 1, s);
             }
         }
     }
 };
+
+// The compact run of NG read feature groups: SPAN = the 16-key steps KeyRun's registers hold
+// ((D / 32) / NG), at most half a tile.
+template <int D, int BN, int NG>
+struct CompactSpan {
+    static constexpr int value = (D / 32) / NG < BN / 32 ? (D / 32) / NG : BN / 32;
+};
+
+template <typename T, int D, int BN, int NG>
+using CompactKeyRun = KeyRun<T, D, BN, CompactSpan<D, BN, NG>::value, 4 * NG>;
 

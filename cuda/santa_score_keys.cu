@@ -280,14 +280,6 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
     }
 }
 
-// santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
-//   bf16, D 64 / 128, G <= 16): santa_score_mma's warp pipeline (score_run: K a 16-key step ahead
-//   in registers across the run's tiles, scores straight to the stash and into online stats) on
-//   the blocked K, reading only the pieces of read blocks (SampledKeyRows) and adding each read
-//   block's product with its weight (KeyWeightedQuery). Grid (ceil(T_max / (4 c)), KVH, B), block
-//   SC_NTHREADS, c = tiles_per_block here meaning tiles a warp: warp w of block x takes the run
-//   [(4 x + w) c, (4 x + w + 1) c) of (b, g)'s tiles. Writes what santa_score_keys writes; no
-//   shared memory, no block-level sync.
 // santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
 template <typename T, int D, int BN, int G, int NG>
 __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 groups, const T* kb, i64 L_max,
