@@ -22,17 +22,14 @@ at head_dim 64 / 128, contiguous caches (no paged blocked layout).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from santa_cupy import kernels, spec
 from santa_cupy import key_layout as _key_layout
-from santa_cupy.kernel_choice import KernelChoice
+from santa_cupy import kernel_choice as _kernel_choice
 
 __all__ = ["KeyScorePass", "check_gpu_key_setting", "check_blocked_setting", "validate_blocked_keys", "gpu_key_scores", "fit_tiles_per_block",
-           "key_layout_choice", "check_dense_blocked", "key_sampling_choice", "resolve_key_kernel", "check_standard_keys",
-           "balanced_tiles_per_warp"]
+           "key_layout_choice", "check_dense_blocked", "check_standard_keys", "balanced_tiles_per_warp"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
                 "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
@@ -81,8 +78,9 @@ class KeyScorePass:
     key_sampling "bernoulli_block"); scale; head_offset (a multiple of G: the draws of KV head g
     use the group stream of g + head_offset // G).
 
-    score_kernel: "auto" | "stream" | "mma" (resolve_key_kernel): santa_score_keys (FMA; one
-    block a run of tiles) or santa_score_keys_mma (tensor cores; one warp a run, 4 a block).
+    score_kernel: "auto" | "stream" | "mma" (kernel_choice.resolve_kernel_choice: "auto" is "mma"
+    where it exists): santa_score_keys (FMA; one block a run of tiles) or santa_score_keys_mma
+    (tensor cores; one warp a run, 4 a block).
     tiles_per_block: that run's tiles (the block's, or with "mma" the warp's); None: fitted
     (fit_tiles_per_block, kernels.tiles_per_warp).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
@@ -106,7 +104,8 @@ class KeyScorePass:
         self.combine = kernels.KEY_COMBINE_CODE[setting.key_combine]
         self.R, self.budget, self.seed = setting.key_draws, setting.key_budget, setting.seed
         self.kernels = kernels.get_kernels(dtype, head_dim, group, block_n, "santa")
-        self.score_kernel = resolve_key_kernel(score_kernel, dtype, head_dim)
+        spec.check_choice("score_kernel", score_kernel, _kernel_choice.SCORE_KERNELS)
+        self.score_kernel = _kernel_choice.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         self._score = self.kernels.score_keys_mma if self.score_kernel == "mma" else self.kernels.score_keys
         attrs = cupy.cuda.Device().attributes
         slots = kernels.resident_blocks(self._score, kernels.THREADS, 0, attrs) * attrs["MultiProcessorCount"]
@@ -276,29 +275,6 @@ def check_dense_blocked(setting, *, dtype, head_dim, page_size, dense_kernel="au
 
 def _check_key_layout(value):
     return _key_layout.check_key_layout(value)
-
-
-def key_sampling_choice(choice: KernelChoice, *, dtype, head_dim) -> tuple[KernelChoice, str]:
-    """A key-sampled plan's kernels: (the plan's choice, KeyScorePass's score kernel). The key pass
-    (in place of santa_score / santa_score_mma) writes their stash and tile stats, so pass 2 is
-    the plan's usual one: after the tensor-core key pass (santa_score_keys_mma) the choice keeps
-    score_kernel "mma" (the warp pass 2 may follow, KernelChoice.tile_kernel as for any plan), after
-    the FMA one (santa_score_keys) "stream" and the block pass 2."""
-    key_kernel = resolve_key_kernel(choice.score_kernel, dtype, head_dim)
-    return dataclasses.replace(choice, score_kernel=key_kernel), key_kernel
-
-
-def resolve_key_kernel(score_kernel, dtype, head_dim) -> str:
-    """KeyScorePass's score kernel: "mma" (santa_score_keys_mma, tensor cores) where it exists
-    (kernels.mma_supported), else "stream" (santa_score_keys, FMA); "auto" picks, a forced "mma"
-    without an instance is a ValueError."""
-    spec.check_choice("score_kernel", score_kernel, ("auto", "stream", "mma"))
-    if score_kernel == "mma" and not kernels.mma_supported(dtype, head_dim):
-        raise ValueError(f"score_kernel 'mma' (santa_score_keys_mma) needs dtype in {kernels.MMA_DTYPES} and head_dim "
-                         f"in {kernels.MMA_HEAD_DIMS}, got dtype={dtype!r}, head_dim={head_dim}")
-    if score_kernel == "auto":
-        return "mma" if kernels.mma_supported(dtype, head_dim) else "stream"
-    return score_kernel
 
 
 def check_standard_keys(k_cache):

@@ -124,9 +124,6 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                                             group=heads // kv_heads if kv_heads and heads % kv_heads == 0 else 1,
                                             head_offset=self.head_offset, dense_kernel=choice.dense_kernel)
         self.key_block = setting.key_block if self.key_layout == "blocked" else None   # FB of a blocked K
-        key_kernel = None                    # with key sampling: KeyScorePass's score kernel
-        if setting.key_sampled:              # the key pass in place of the score pass, then the usual pass 2
-            choice, key_kernel = key_pass.key_sampling_choice(choice, dtype=dtype, head_dim=head_dim)
         self.setting, self._choice = setting, choice
         self._checked_kernels = set()        # kernels whose launch arguments _launch has checked
         method, samples, sampler, budget = setting.method, setting.samples, setting.sampler, setting.budget
@@ -210,7 +207,7 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                                         and self.P_max <= choice.self_merge_max_splits)
         else:
             self.P_max = self.T_max
-            if self.score_kernel == "mma" and two_pass:
+            if self.score_kernel == "mma" and two_pass and not setting.key_sampled:   # (the key pass fits its own)
                 self.score_tpw = tiles_per_warp or self._tiles_per_warp(*self._score_warp_kernel)
             if self._warp:
                 self.tile_tpw = tiles_per_warp or self._tiles_per_warp(self._warp_kernel, self._warp_smem)
@@ -251,7 +248,7 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self.key_pass = key_pass.KeyScorePass(
             batch=B, heads=H, kv_heads=kv_heads, head_dim=D, max_length=max_length, dtype=dtype,
             block_n=self.block_n, setting=setting, scale=self.scale, head_offset=self.head_offset,
-            tiles_per_block=choice.tiles_per_warp, score_kernel=key_kernel) if setting.key_sampled else None
+            tiles_per_block=choice.tiles_per_warp, score_kernel=self.score_kernel) if setting.key_sampled else None
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)
