@@ -551,6 +551,82 @@ def test_dense_forced_splits_match_reference(splits, D, heads):
     assert_dense_matches(plan.run(*to_gpu(q, k, v, lens)), dense_error_bound(q, k, v, lens, "bfloat16"))
 
 
+FUSED_PREFIX_CASES = {
+    # B, H, KVH, D, lengths, plan options: empty and 1-row sequences, the dense fallback per sequence,
+    # every two-pass budget, runs of several tiles, more groups than finish_max_groups (santa_merge)
+    "global": (4, 32, 8, 128, [9000, 8923, 1, 0], dict(samples=256)),
+    "lr-fallback": (5, 12, 4, 64, [7001, 300, 4000, 0, 2], dict(budget="largest_remainder", samples=100,
+                                                                santa_min_length=1000)),
+    "fixed-runs": (3, 32, 8, 128, [20000, 5003, 129], dict(budget="fixed", samples=2048, tiles_per_warp=3)),
+    "many-groups": (20, 32, 8, 128, None, dict(samples=64, seed=11)),
+}
+
+
+@pytest.mark.parametrize("programmatic", [False, True], ids=["plain", "pdl"])
+@pytest.mark.parametrize("case", list(FUSED_PREFIX_CASES))
+def test_fused_prefix_matches_separate_prefix(case, programmatic):
+    """KernelChoice(fused_prefix=True): santa_score_mma's last block per (b, KV head) writes the
+    prefix and santa_tile_warp waits on that group's flag. The same prefix code (prefix.cuh) runs
+    in both, so cdf, allocation, lse and rows read are bit-identical to the santa_prefix pipeline,
+    and o equal to the float atomics' order. With programmatic launch: two steps captured in one
+    graph, replayed three times (the gate's words must return to zero after every call)."""
+    import cupy
+    B, H, KVH, D, lengths, options = FUSED_PREFIX_CASES[case]
+    rng = np.random.default_rng(stable_seed(case))
+    if lengths is None:
+        lengths = [int(x) for x in rng.integers(0, 3000, B)]
+    L_max = max(lengths)
+    args = to_gpu(*random_inputs(rng, B, H, KVH, D, L_max, lengths, "bfloat16", peak=2.0, spike=True))
+    kw = dict(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_max, dtype="bfloat16", **options)
+
+    def run(fused):
+        plan = _poisoned_plan(**kw, fused_prefix=fused, programmatic=programmatic and fused)
+        assert plan.fused_prefix == fused
+        outs = []
+        try:
+            if not (programmatic and fused):
+                for _ in range(3):
+                    plan.run(*args)
+                    outs.append([plan.out.get(), plan.lse.get(), plan.rows_read.get(), plan.cdf.get(),
+                                 plan.alloc.get()])
+                    plan.advance()
+            else:
+                plan.run(*args, validate=False)                 # compiles outside the capture
+                cupy.cuda.Device().synchronize()
+                outs.append([plan.out.get(), plan.lse.get(), plan.rows_read.get(), plan.cdf.get(), plan.alloc.get()])
+                plan.advance()
+                stream = cupy.cuda.Stream(non_blocking=True)
+                with stream:
+                    stream.begin_capture()
+                    plan.run(*args, validate=False)
+                    plan.advance()
+                    graph = stream.end_capture()
+                    for _ in range(2):
+                        graph.launch(stream)
+                        stream.synchronize()
+                        outs.append([plan.out.get(), plan.lse.get(), plan.rows_read.get(), plan.cdf.get(),
+                                     plan.alloc.get()])
+            assert not plan._gate.get().any(), "the handshake left a word set"
+        finally:
+            kernels.set_programmatic_launch(False)
+        return outs, plan.block_n
+
+    (fused, block_n), (separate, _) = run(True), run(False)
+    santa = np.asarray(lengths) >= options.get("santa_min_length", 0)
+    for step, (got, want) in enumerate(zip(fused, separate)):
+        o_got, o_want = as_float32(got[0]), as_float32(want[0])
+        assert np.isfinite(o_got).all(), f"step {step}: o not fully written"
+        assert rel_l2(o_got, o_want) < 1e-3, f"step {step}: o"
+        np.testing.assert_array_equal(got[1], want[1], err_msg=f"step {step}: lse")
+        np.testing.assert_array_equal(got[2][santa], want[2][santa], err_msg=f"step {step}: rows read")
+        for b, n in enumerate(lengths):                  # cdf / alloc: the written tiles of santa sequences
+            if n and santa[b]:
+                tiles = -(-n // block_n)
+                np.testing.assert_array_equal(got[3][b, :, :tiles], want[3][b, :, :tiles], err_msg=f"cdf {b}")
+                if options.get("budget") == "largest_remainder":
+                    np.testing.assert_array_equal(got[4][b, :, :tiles], want[4][b, :, :tiles], err_msg=f"alloc {b}")
+
+
 @pytest.mark.parametrize("KVH", [2, 16])          # the warp pass 2 finishing o itself / santa_merge after it
 def test_ragged_batch_splits_follow_the_lengths(KVH):
     """One long sequence among short ones in a cache of larger capacity: the dense kernel's split

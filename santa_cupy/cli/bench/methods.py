@@ -36,11 +36,13 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 # a dense or score-pass version (KERNEL_VERSIONS), "block" = the v2 block-per-tile pass 2 (score
 # "auto"; for the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
 # (as before runs of tiles), or the warp pass 2's gather forced: "warp" = staged through shared
-# memory, light tiles pipelined, "warpmma" = staged and on tensor cores; dense "p<N>": N splits a KV group
+# memory, light tiles pipelined, "warpmma" = staged and on tensor cores; "fp" = the fused prefix
+# (santa_score_mma's last block per group, the gated warp pass 2: KernelChoice.fused_prefix)
 SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
-                         "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"}}
+                         "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"},
+                         "fp": {"fused_prefix": True}}
 # ... and the suffixes that change the attention setting: "always" = santa at every length (no
-# dense fallback below the plan's santa_min_length)
+# dense fallback below the plan's santa_min_length); it may follow a kernel suffix ("-fp-always")
 SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}}
 SANTA_SUFFIX_OPTIONS = {**SANTA_KERNEL_SUFFIXES, **SANTA_SETTING_SUFFIXES}
 # "-keys<P>" (santa): block key sampling on a feature-blocked K (santa_cupy.key_layout), blocks of
@@ -135,7 +137,10 @@ class Method:
                                         key_budget=self.key_percent / 100, key_rule="uniform")
         if self.key_layout == "blocked":     # dense-blocked: the plan's FB is the inputs' (kernels.py)
             return self.setting.replace(key_block=KEY_BENCH_BLOCK)
-        return self.setting.replace(**SANTA_SETTING_SUFFIXES.get(self.backend, {}))
+        changes = {}
+        for suffix in self.backend.split("-"):
+            changes.update(SANTA_SETTING_SUFFIXES.get(suffix, {}))
+        return self.setting.replace(**changes)
 
     def kernel_choice(self):
         """Our methods' santa_cupy.kernel_choice.KernelChoice: the overrides the suffix names."""
@@ -148,9 +153,10 @@ class Method:
             if self.backend.startswith("p"):
                 return KernelChoice(dense_splits=int(self.backend[1:]))
             return KernelChoice(dense_kernel=self.backend)
-        if self.backend in SANTA_KERNEL_SUFFIXES:
-            return KernelChoice(**SANTA_KERNEL_SUFFIXES[self.backend])
-        return KernelChoice(score_kernel=self.backend)        # a score-pass version
+        kernel = self.backend.split("-")[0]                  # "<kernel>" or "<kernel>-always"
+        if kernel in SANTA_KERNEL_SUFFIXES:
+            return KernelChoice(**SANTA_KERNEL_SUFFIXES[kernel])
+        return KernelChoice(score_kernel=kernel)             # a score-pass version
 
 
 def parse_method(name: str) -> Method:
@@ -166,18 +172,23 @@ def parse_method(name: str) -> Method:
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
     keys = len(parts) == 5 and re.fullmatch(r"keys([1-9][0-9]?|100)", parts[4]) is not None
-    if parts[0] == "santa" and len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS or keys):
+    # a kernel suffix may carry a setting suffix after it: santa-global-systematic-256-fp-always
+    combined = (len(parts) == 6 and parts[4] in KERNEL_VERSIONS + tuple(SANTA_KERNEL_SUFFIXES)
+                and parts[5] in SANTA_SETTING_SUFFIXES)
+    if parts[0] == "santa" and (len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS or keys)
+                                or combined):
         budget, sampler, s = parts[1:4]
         if budget in spec.DECODE_BUDGETS and sampler in SAMPLERS and s.isdigit() and int(s) >= 1:
             try:
                 setting = AttentionSetting.parse("-".join(parts[:4]))   # the setting's checks (one_pass: systematic)
             except ValueError as e:
                 raise click.BadParameter(f"{name!r}: {e}", param_hint="--methods") from None
-            return Method("santa", setting, backend=parts[4] if len(parts) == 5 else "")
+            return Method("santa", setting, backend="-".join(parts[4:]))
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
         f"dense-blocked, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}|-keys<percent>], "
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}|-keys<percent>]"
+        "[-always], "
         "e.g. santa-global-systematic-256 or santa-global-systematic-256-keys75",
         param_hint="--methods")
 
