@@ -82,59 +82,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// ---- the score pass -> warp pass 2 handshake (DecodePlan's fused prefix) ------------------------
-// With the fused prefix, santa_score_mma's last block per (sequence, KV head) group X = b * KVH + g
-// writes the group's prefix and raises ready[X]; santa_tile_warp waits for it instead of for the
-// whole score pass (griddepcontrol.wait), so under programmatic launch its blocks start on groups
-// whose scores are done while the score pass still runs others. gate [SC_GATE_WORDS(B * KVH)]
-// uint32, zero between calls (each word is reset by the last block that needs it):
-//   [SC_GATE_GO]            score blocks past their griddepcontrol.wait (lengths, q and the caches
-//                           are final once one is; pass 2 reads nothing before it sees one)
-//   [SC_GATE_PASSED]        pass 2 blocks past the go gate; the last subtracts the score pass's block
-//                           count from go (late score blocks still add theirs) and resets this
-//   [SC_GATE_READY + X]     1 once group X's prefix (cdf, lse, alloc, rows_read = 0) is written
-//   [SC_GATE_READY + BK + X]  pass 2 blocks of X past ready; the last resets ready[X] and this
-//   [SC_GATE_READY + 2BK + X] score blocks of X done (block_arrives_last; the last writes the prefix)
-#define SC_GATE_GO 0
-#define SC_GATE_PASSED 1
-#define SC_GATE_READY 2
-#define SC_GATE_WORDS(groups) (2 + 3 * (groups))
-// santa_score_mma's fused_prefix argument
-#define SC_FUSED_PREFIX_NONE 0
-#define SC_FUSED_PREFIX 1
-#define SC_FUSED_PREFIX_SIGNAL 2
-
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// santa_tile_warp's two waits, by thread 0 (the caller's barrier follows). Out of line: inlined
-// spin loops at the top of that 128-register kernel made nvcc spill hundreds of bytes in its body.
-// go: wait for a score block past its griddepcontrol.wait, then count this block past go; the last
-// of `blocks` resets the count and takes the score pass's `score_blocks` back off go.
-__device__ __noinline__ void gate_pass_go(unsigned* gate, unsigned blocks, unsigned score_blocks) {
-    while ((int)ld_acquire_gpu(gate + SC_GATE_GO) <= 0) __nanosleep(200);
-    if (atomicAdd(gate + SC_GATE_PASSED, 1u) + 1u == blocks) {
-        atomicExch(gate + SC_GATE_PASSED, 0u);
-        atomicSub(gate + SC_GATE_GO, score_blocks);
-    }
-}
-// ready: wait for the flag, then count this block past it (passed = ready + groups); the last of
-// the group's `blocks` resets both.
-__device__ __noinline__ void gate_pass_ready(unsigned* ready, i64 groups, unsigned blocks) {
-    while (ld_acquire_gpu(ready) == 0u) __nanosleep(200);
-    if (atomicAdd(ready + groups, 1u) + 1u == blocks) {
-        atomicExch(ready + groups, 0u);
-        atomicExch(ready, 0u);
-    }
-}
-
 // Length of sequence b clamped to [0, L_max]: a bad length can never make a kernel read out of
 // bounds (the Python entry points reject such lengths before launching).
 __device__ __forceinline__ int seq_len(const int* lengths, i64 b, i64 L_max) {

@@ -13,8 +13,6 @@
 #include "tile.cuh"
 #include "stream.cuh"
 #include "mma.cuh"
-#include "merge.cuh"
-#include "prefix.cuh"
 
 // Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
 // its stats into part_s[b, h, t] = (m, l, 0, 0); head0 = b * H + g * G. Whole block.
@@ -82,12 +80,6 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (H200).
-// fused_prefix (the warp pipeline's, DecodePlan / KernelChoice.fused_prefix): SC_FUSED_PREFIX_NONE,
-// santa_prefix follows; SC_FUSED_PREFIX (bench stages) the last block of each (sequence, KV head)
-// to finish (an arrival counter in gate) computes its G heads' prefix (prefix.cuh, santa_prefix's
-// outputs); SC_FUSED_PREFIX_SIGNAL also raises the group's ready flag and counts this launch's
-// blocks in go for santa_tile_warp's handshake (common.cuh, the gate's words). gate, cdf, alloc,
-// lse, rows_read, samples and budget_lr are read only when fused_prefix is set.
 // The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
 // Query: MmaQuery (loaded by the caller), KeyWeightedQuery or CompactKeyQuery; KRows: CacheRows,
 // SampledKeyRows or CompactKeyRows; Run: KeyRun, or CompactKeyRun with CompactKeyRows.
@@ -139,13 +131,10 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, int batch,
                 float* __restrict__ scores,
-                float4* __restrict__ part_s, int santa_from, int fused_prefix, unsigned* __restrict__ gate,
-                double* __restrict__ cdf, int* __restrict__ alloc, float* __restrict__ lse,
-                int* __restrict__ rows_read, int samples, int budget_lr,
+                float4* __restrict__ part_s, int santa_from,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
-    if (fused_prefix == SC_FUSED_PREFIX_SIGNAL && threadIdx.x == 0) atomicAdd(gate + SC_GATE_GO, 1u);
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     const int warp = threadIdx.x >> 5;
@@ -169,19 +158,4 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         score_run<T, D, BN, G>(mq, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
                                scores, part_s);
     }
-    if (fused_prefix == SC_FUSED_PREFIX_NONE) return;
-    // The fused prefix: the group's last block to finish writes santa_prefix's outputs for its G heads.
-    const unsigned blocks = (unsigned)(((n_tiles + c - 1) / c + SC_NTHREADS / 32 - 1) / (SC_NTHREADS / 32));
-    if ((unsigned)blk >= blocks) return;                 // whole block: no tiles (empty, or the dense fallback's)
-    const i64 X = b * KVH + g, groups = (i64)batch * KVH;
-    if (!block_arrives_last(gate + SC_GATE_READY + 2 * groups + X, blocks)) return;
-    const i64 head0 = b * H + (i64)g * G;
-    if (threadIdx.x == 0) rows_read[X] = 0;
-    for (int h = 0; h < G; ++h)
-        head_prefix<SC_NTHREADS>(part_s + (head0 + h) * T_max, n_tiles, samples, budget_lr, cdf + (head0 + h) * T_max,
-                                 alloc + (head0 + h) * T_max, lse + head0 + h);
-    if (fused_prefix != SC_FUSED_PREFIX_SIGNAL) return;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) st_release_gpu(gate + SC_GATE_READY + X, 1u);   // santa_tile_warp may read X's outputs
 }

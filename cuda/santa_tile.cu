@@ -226,7 +226,7 @@ __device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const 
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             const int j = lane * R + i;
-            sc[h][i] = j < nrows ? __ldcg(src + h * stride + j) : -SC_INF;
+            sc[h][i] = j < nrows ? src[h * stride + j] : -SC_INF;
         }
 }
 
@@ -404,17 +404,17 @@ __device__ __forceinline__ void add_staged_tile(float* sums, float (&m2p)[G], co
     }
 }
 
-// The kernel's work after its start (santa_tile_warp, below): returns where the block or warp is done.
 template <typename T, int D, int BN, int G, int kGather, bool kFinish>
-__device__ __forceinline__ void
-tile_warp_runs(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
-               int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
-               int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
-               const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
-               float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
-               T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
-               int gated, unsigned* __restrict__ gate,
-               const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
+__global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
+santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
+                int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
+                int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
+                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
+                float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
+                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
+                const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
+    pdl_launch_dependents();
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
     constexpr int E = D / 32;                // elements of a V row per lane
     constexpr int kWarps = SC_NTHREADS / 32;
@@ -439,10 +439,6 @@ tile_warp_runs(const T* __restrict__ v_cache, const int* __restrict__ lengths, i
     // blocks with work: those whose first warp owns a tile (an empty sequence has none)
     const unsigned blocks = (unsigned)((n_tiles + kWarps * c - 1) / (kWarps * c));
     if (blk >= blocks) return;                                 // whole block (an empty sequence)
-    if (gated) {                         // the handshake: wait for the group's prefix (common.cuh)
-        if (threadIdx.x == 0) gate_pass_ready(gate + SC_GATE_READY + b * KVH + g, (i64)batch * KVH, blocks);
-        __syncthreads();
-    }
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
@@ -489,16 +485,16 @@ tile_warp_runs(const T* __restrict__ v_cache, const int* __restrict__ lengths, i
     // A head whose log-sum-exp is not finite (NaN or inf in its scores) draws no points and its
     // output is NaN (finish_head).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
-    const bool head_ok = lane < G ? isfinite(__ldcg(lse + head0 + lane)) : true;
-    auto cdf_at = [&](int t) { return __ldcg(cdf + head_row + t); };
+    const bool head_ok = lane < G ? isfinite(lse[head0 + lane]) : true;
+    auto cdf_at = [&](int t) { return cdf[head_row + t]; };
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
     double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
     int alloc_ahead = 0;
     auto fetch = [&](int t) {
         if (lane < G && t < t_end) {
-            st_ahead = __ldcg(reinterpret_cast<const float2*>(part_s + head_row + t));
+            st_ahead = *reinterpret_cast<const float2*>(part_s + head_row + t);
             cc_ahead = cdf_at(t);
-            if (budget == SC_BUDGET_LR) alloc_ahead = __ldcg(alloc + head_row + t);
+            if (budget == SC_BUDGET_LR) alloc_ahead = alloc[head_row + t];
         }
     };
     // The next tile's comb (lane h < G: head h), tile max, weight (fixed: (W_t / Z) / S_t), whether
@@ -679,35 +675,6 @@ tile_warp_runs(const T* __restrict__ v_cache, const int* __restrict__ lengths, i
     if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
     for (int h = warp; h < G; h += kWarps)
         finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride,
-                          fixed ? 0.f : 1.f / (float)samples, isfinite(__ldcg(lse + head0 + h)), out + (head0 + h) * D,
+                          fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,
                           spread + head0 + h);
-}
-
-// gated (the fused prefix, santa_score_mma's SC_FUSED_PREFIX_SIGNAL): instead of waiting for the whole
-// score pass, a block waits for go (the score pass is past its own griddepcontrol.wait, so lengths and
-// V are final), then for its group's ready flag (tile_warp_runs); score_blocks is the score pass's
-// block count (go's reset). Every thread still waits for the score pass before exiting, so this
-// kernel's completion implies it (common.cuh: a chain stays ordered).
-template <typename T, int D, int BN, int G, int kGather, bool kFinish>
-__global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
-santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
-                int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
-                const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
-                float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
-                T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
-                int gated, unsigned* __restrict__ gate, unsigned score_blocks,
-                const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
-    pdl_launch_dependents();
-    if (!gated) {
-        pdl_wait();                       // before any read of an earlier kernel's output (common.cuh)
-    } else {
-        if (threadIdx.x == 0) gate_pass_go(gate, gridDim.x * gridDim.y, score_blocks);
-        __syncthreads();
-    }
-    tile_warp_runs<T, D, BN, G, kGather, kFinish>(
-        v_cache, lengths, H, KVH, L_max, T_max, tiles_per_warp, batch, budget, samples, seed, step, layer, head_offset,
-        scores, cdf, alloc, part_s, part_o, acc, arrive, rows_read, out, lse, spread, santa_from, gated, gate,
-        block_table, page_size, table_stride, page_hnd);
-    if (gated) pdl_wait();
 }

@@ -55,12 +55,8 @@ class _PlanLaunches:
                     q, k_cache, v_cache, lengths, self.out, pages)
                 if self.santa_from > self.L_max:
                     return stages
-            if self.fused_prefix:            # (pass 2 below then waits for the whole score stage)
-                stages["score + prefix (fused)"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from,
-                                                                       layer, fused=kernels.FUSED_PREFIX)
-            else:
-                stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
-                stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
+            stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
+            stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
             if self.finish_in_kernel:
                 stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
                                                                                     pages)
@@ -98,11 +94,9 @@ class _PlanLaunches:
         self._score(q, k_cache, lengths, pages, santa_from, layer)
         self._prefix(lengths, rows_read, santa_from)
 
-    def _score(self, q, k_cache, lengths, pages, santa_from=0, layer=0, fused=kernels.FUSED_PREFIX_NONE):
+    def _score(self, q, k_cache, lengths, pages, santa_from=0, layer=0):
         """santa_score / santa_score_mma, or with key sampling santa_key_blocks + santa_score_keys on
-        the blocked K (key_pass.KeyScorePass: the same stash and tile stats). fused (santa_score_mma,
-        a plan with fused_prefix): kernels.FUSED_PREFIX writes the prefix too, FUSED_PREFIX_SIGNAL
-        also raises the flags the gated warp pass 2 waits for."""
+        the blocked K (key_pass.KeyScorePass: the same stash and tile stats)."""
         if self.key_pass is not None:
             self.key_pass.launch(q, k_cache, lengths, self.step, layer, self.scores, self.part_s, launch=self._launch)
             return
@@ -114,8 +108,7 @@ class _PlanLaunches:
             kernel, smem = self._score_warp_kernel
             self._launch(kernel, (self.KVH, self._run_blocks(self.score_tpw)),
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
-                            i32(fused), self._gate, self.cdf, self.alloc, self.lse, self.rows_read, i32(self.samples),
-                            i32(self.budget == "largest_remainder"), *pages), smem)
+                            *pages), smem)
 
     def _prefix(self, lengths, rows_read=None, santa_from=0):
         i32, i64 = kernels.i32, kernels.i64
@@ -123,22 +116,20 @@ class _PlanLaunches:
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
                         self.rows_read if rows_read is None else rows_read, i32(self.G), i32(santa_from)),
-                       threads=kernels.THREADS)
+                       threads=kernels.PREFIX_THREADS)
 
-    def _tile_warp(self, v_cache, lengths, layer, out, pages, gated=False):
+    def _tile_warp(self, v_cache, lengths, layer, out, pages):
         """santa_tile_warp: one warp per run of tile_tpw tiles samples and gathers; with
         finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
-        partials are santa_merge's. gated: after a FUSED_PREFIX_SIGNAL score pass, each block waits
-        for its group's flag rather than for the whole score pass."""
-        i32, u32, i64, u64 = kernels.i32, kernels.u32, kernels.i64, kernels.u64
-        score_blocks = self.KVH * self._run_blocks(self.score_tpw)
+        partials are santa_merge's."""
+        i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
         self._launch(self._warp_kernels[self.finish_in_kernel], (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,
                         self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
-                        i32(self.santa_from), i32(gated), self._gate, u32(score_blocks), *pages), self._warp_smem)
+                        i32(self.santa_from), *pages), self._warp_smem)
 
     def _one_pass(self, q, k_cache, v_cache, lengths, layer, hint, pages):
         """santa_one_pass: score, take rows by the hint's inclusion probabilities, gather; one

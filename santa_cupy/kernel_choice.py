@@ -63,11 +63,6 @@ class KernelChoice:
     fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.
     mma_min_rows: "auto" gathers on tensor cores from this many expected rows per tile.
     finish_max_groups: the warp pass 2 writes o itself up to this many (sequence, KV head) groups.
-    fused_prefix: the warp pipeline (santa_score_mma, then santa_tile_warp) computes each (sequence,
-        KV head)'s prefix in the score pass's last block of that group instead of a santa_prefix
-        launch, and the warp pass 2 waits for that group's flag instead of the whole score pass
-        (under programmatic launch its blocks start on finished groups while the pass scores the
-        rest). The same outputs: both run prefix.cuh's head_prefix.
     merge_wide: santa_merge with 8 partials in flight per warp (True) or 4 (False); None: 8 where
         its (H, B) grid is at most one wave of SMs (latency-bound), else 4 (fewer registers).
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
@@ -86,7 +81,6 @@ class KernelChoice:
     finish_max_groups: int = FINISH_MAX_GROUPS
     merge_wide: bool | None = None
     programmatic: bool | None = None
-    fused_prefix: bool = False
 
     def __post_init__(self):
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
@@ -104,8 +98,6 @@ class KernelChoice:
             value = getattr(self, name)
             if not (value is None or isinstance(value, bool)):
                 raise ValueError(f"{name} must be None, True or False, got {value!r}")
-        if not isinstance(self.fused_prefix, bool):
-            raise ValueError(f"fused_prefix must be True or False, got {self.fused_prefix!r}")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from santa_cupy import kernel_args, spec
 # Order matters: headers before the kernels that use them.
 SOURCE_FILES = (
     "common.cuh", "tile.cuh", "stream.cuh", "async_copy.cuh", "mma.cuh", "gather_mma.cuh", "merge.cuh",
-    "prefix.cuh", "santa_sample.cuh",
+    "santa_sample.cuh",
     "santa_gather.cuh",
     "decode_dense.cu", "santa_score.cu",
     "santa_score_keys.cu",   # after santa_score.cu (write_tile_stash)
@@ -45,13 +45,7 @@ NVRTC_OPTIONS = ("-std=c++17",)
 
 THREADS = 128       # SC_NTHREADS
 CHUNK = 8           # SC_CHUNK
-FUSED_PREFIX_NONE, FUSED_PREFIX, FUSED_PREFIX_SIGNAL = 0, 1, 2   # santa_score_mma's fused_prefix (SC_FUSED_PREFIX_*)
-
-
-def gate_words(groups: int) -> int:
-    """Words of the fused prefix's handshake buffer for B * KVH groups (common.cuh SC_GATE_WORDS)."""
-    return 2 + 3 * groups
-
+PREFIX_THREADS = 256
 MERGE_THREADS = 256
 HEAD_DRAW_BYTES = 48  # sizeof(HeadDraw)
 ACC_COPIES = 8        # SC_ACC_COPIES (merge.cuh): copies of santa_tile_warp's accumulators
@@ -450,4 +444,4 @@ def tiles_per_warp(tiles: int, groups: int, slots: int, overhead: float = 0.5) -
     return run_length(tiles, groups, slots, runs_per_block=THREADS // 32, overhead=overhead)
 
 
-i32, u32, i64, u64, f32, f64 = np.int32, np.uint32, np.int64, np.uint64, np.float32, np.float64
+i32, i64, u64, f32, f64 = np.int32, np.int64, np.uint64, np.float32, np.float64

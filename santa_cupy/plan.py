@@ -232,12 +232,6 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         if self._warp:
             self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
-        # The fused prefix (KernelChoice.fused_prefix): santa_score_mma's last block per (b, KV head)
-        # writes the prefix and santa_tile_warp waits for that group's flag; the handshake's words
-        # (common.cuh SC_GATE_*) are zero between calls (the last block needing each resets it).
-        self.fused_prefix = choice.fused_prefix and self._warp and self.score_kernel == "mma" \
-            and not setting.key_sampled
-        self._gate = cupy.zeros((kernels.gate_words(B * kv_heads) if self.fused_prefix else 1,), cupy.uint32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         # one_pass: the default lse_hint is the plan's previous lse (NaN before the first call: every
         # row taken, the exact output)
@@ -336,16 +330,8 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
                 if self.santa_from > self.L_max:
                     return out
-            if self.fused_prefix:
-                self._score(q, k_cache, lengths, pages, self.santa_from, layer, fused=kernels.FUSED_PREFIX_SIGNAL)
-                try:
-                    self._tile_warp(v_cache, lengths, layer, out, pages, gated=True)
-                except BaseException:
-                    self._gate.fill(0)       # no pass 2 consumes the flags this score pass raised
-                    raise
-            else:
-                self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
-                self._tile_warp(v_cache, lengths, layer, out, pages)
+            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
+            self._tile_warp(v_cache, lengths, layer, out, pages)
             if not self.finish_in_kernel:
                 self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
             return out

@@ -50,10 +50,6 @@ GRID = [
     ("santa-paged-nhd", L3, dict(santa_min_length=0), {}, "NHD"),
     ("santa-paged-hnd", L3, {}, {}, "HND"),
     ("santa-paged-block", L3, dict(budget="fixed"), dict(tile_kernel="block"), "HND"),
-    ("santa-fused-prefix", L3, dict(santa_min_length=0), dict(fused_prefix=True), None),
-    ("santa-fused-prefix-lr", dict(L3, batch=20), dict(budget="largest_remainder", santa_min_length=1000),
-     dict(fused_prefix=True), "NHD"),
-    ("santa-fused-prefix-stream", L3, {}, dict(fused_prefix=True, score_kernel="stream"), None),
 ]
 PAGE = 16
 

@@ -79,10 +79,10 @@ def test_method_lists():
     block = bench.methods.parse_method("santa-fixed-systematic-2048-block")
     assert block.kernel_choice() == KernelChoice(tile_kernel="block") and block.plan_setting() == block.setting
     assert bench.methods.parse_method("dense-p7").kernel_choice() == KernelChoice(dense_splits=7)
-    fused = bench.methods.parse_method("santa-global-systematic-256-fp-always")    # a kernel, then a setting suffix
-    assert fused.name == "santa-global-systematic-256-fp-always" and fused.plan_setting().santa_min_length == 0
-    assert fused.kernel_choice() == KernelChoice(fused_prefix=True)
-    for wrong_order in ("santa-global-systematic-256-always-fp", "santa-global-systematic-256-fp-block"):
+    both = bench.methods.parse_method("santa-global-systematic-256-warp-always")    # a kernel, then a setting suffix
+    assert both.name == "santa-global-systematic-256-warp-always" and both.plan_setting().santa_min_length == 0
+    assert both.kernel_choice() == KernelChoice(tile_kernel="warp")
+    for wrong_order in ("santa-global-systematic-256-always-warp", "santa-global-systematic-256-warp-block"):
         with pytest.raises(click.BadParameter):
             bench.methods.parse_method(wrong_order)
     assert bench.methods.parse_method("santa-global-iid-64-stream").kernel_choice() == KernelChoice(score_kernel="stream")

@@ -38,8 +38,7 @@ def _fake_cupy():
     return mod
 
 
-SCALAR_TYPES = {"int": np.int32, "unsigned": np.uint32, "i64": np.int64, "u64": np.uint64, "float": np.float32,
-                "double": np.float64}
+SCALAR_TYPES = {"int": np.int32, "i64": np.int64, "u64": np.uint64, "float": np.float32, "double": np.float64}
 
 
 def _kernel_signatures():
@@ -160,7 +159,7 @@ def test_run_launch_sequence(launches, method, budget, dense_kernel, expected):
                 assert isinstance(arg, np.ndarray), f"{name}({param}): pointer expected, got {type(arg)}"
             else:
                 assert type(arg) is scalar, f"{name}({param}): {scalar.__name__} expected, got {type(arg)}"
-        assert all(int(x) >= 1 for x in grid) and block[0] in (1, kernels.THREADS, kernels.MERGE_THREADS)
+        assert all(int(x) >= 1 for x in grid) and block[0] in (1, kernels.THREADS, kernels.PREFIX_THREADS, kernels.MERGE_THREADS)
         assert smem <= 227 * 1024
     first = launches[0]
     assert first[3][0] is q and first[3][1] is k                      # q, k_cache lead every stage

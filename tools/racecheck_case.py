@@ -1,6 +1,6 @@
 """A small workload for `compute-sanitizer --tool racecheck` (shared-memory hazards): one call of each
 production kernel route (dense mma self-merging, santa's warp pipeline finishing in the kernel and
-through santa_merge with each gather, the dense fallback, the fused prefix, the block pass 2; on a feature-blocked K
+through santa_merge with each gather, the dense fallback, the block pass 2; on a feature-blocked K
 the dense kernel and block key sampling's santa_key_blocks + santa_score_keys)."""
 
 import sys
@@ -29,8 +29,6 @@ for budget in ("global", "fixed"):
             assert plan.finish_in_kernel == finish
             plan.run(q, k, v, lengths)
 DecodePlan(santa_min_length=200, **kw).run(q, k, v, lengths)
-for budget in ("global", "largest_remainder"):     # the fused prefix (score's last block per group)
-    DecodePlan(budget=budget, santa_min_length=0, _kernels=KernelChoice(fused_prefix=True), **kw).run(q, k, v, lengths)
 DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)
 for FB in (16, 32):
     kb = key_layout.to_blocked(k, FB)

@@ -71,13 +71,6 @@ for page_size, layout in ((16, "NHD"), (24, "HND"), (1, "NHD")):
                      block_n=64, lse_hint=cupy.zeros((B, H), cupy.float32))
 DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
            santa_min_length=100).run(q, k, v, lengths)
-# the fused prefix (santa_score_mma's last block per group, the ready-flag handshake): every
-# two-pass budget, runs of 1 and 3 tiles, with a dense fallback for the short sequences
-for budget in ("global", "largest_remainder", "fixed"):
-    for runs, santa_from in ((1, 0), (3, 100)):
-        DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget=budget, block_n=64,
-                   santa_min_length=santa_from, _kernels=KernelChoice(fused_prefix=True, tiles_per_warp=runs)
-                   ).run(q, k, v, lengths)
 # block key sampling on the blocked K (santa_key_blocks + santa_score_keys): FB 16 / 32, both
 # combines, every budget, runs of 1 and several tiles a block (decode_attention's plan and key_scores)
 from santa_cupy import key_layout, key_scores  # noqa: E402

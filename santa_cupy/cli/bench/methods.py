@@ -36,13 +36,11 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 # a dense or score-pass version (KERNEL_VERSIONS), "block" = the v2 block-per-tile pass 2 (score
 # "auto"; for the fixed budget the one fused pass), "tpw1" = the v4 kernels with one tile per warp
 # (as before runs of tiles), or the warp pass 2's gather forced: "warp" = staged through shared
-# memory, light tiles pipelined, "warpmma" = staged and on tensor cores; "fp" = the fused prefix
-# (santa_score_mma's last block per group, the gated warp pass 2: KernelChoice.fused_prefix)
+# memory, light tiles pipelined, "warpmma" = staged and on tensor cores; dense "p<N>": N splits a KV group
 SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
-                         "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"},
-                         "fp": {"fused_prefix": True}}
+                         "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"}}
 # ... and the suffixes that change the attention setting: "always" = santa at every length (no
-# dense fallback below the plan's santa_min_length); it may follow a kernel suffix ("-fp-always")
+# dense fallback below the plan's santa_min_length); it may follow a kernel suffix ("-warp-always")
 SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}}
 SANTA_SUFFIX_OPTIONS = {**SANTA_KERNEL_SUFFIXES, **SANTA_SETTING_SUFFIXES}
 # "-keys<P>" (santa): block key sampling on a feature-blocked K (santa_cupy.key_layout), blocks of
