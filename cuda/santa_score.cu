@@ -35,8 +35,7 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
             float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
             float4* __restrict__ part_s,
             const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
     const int t = blockIdx.x, g = blockIdx.y;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
@@ -52,6 +51,7 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
     __syncthreads();
     tile_stats<BN>(m, l, s, G, nrows);
     write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
+    pdl_launch_dependents();
 }
 
 // ---- v4 helpers (santa_score_mma) ---------------------------------------------------------
@@ -133,8 +133,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
                 float* __restrict__ scores,
                 float4* __restrict__ part_s, int santa_from,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     const int warp = threadIdx.x >> 5;
@@ -158,4 +157,5 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         score_run<T, D, BN, G>(mq, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
                                scores, part_s);
     }
+    pdl_launch_dependents();
 }

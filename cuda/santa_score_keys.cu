@@ -173,8 +173,7 @@ __global__ void __launch_bounds__(SC_NTHREADS, 3)
 santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                  int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                  const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
     static_assert(BN % 32 == 0, "whole passes of 32 rows");
     constexpr int kMaxC = D / 16, kRows = BN / 32;        // rows a thread owns in a unit
     constexpr int kStages = G <= 8 ? 3 : 2;               // units in registers (G 16: the accumulators' room)
@@ -278,6 +277,7 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
         tile_stats<BN>(m, l, s, G, nrows);
         write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
     }
+    pdl_launch_dependents();
 }
 
 // santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
@@ -319,8 +319,7 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                      int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                      const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
-    pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
     static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma key scores: one m16 tile of heads");
     const int g = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -343,12 +342,14 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     if (ng == 1) {
         score_compact<T, D, BN, G, 1>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
                                       head0, scores, part_s);
+        pdl_launch_dependents();
         return;
     }
     if constexpr (D == 128) {
         if (ng == 2) {
             score_compact<T, D, BN, G, 2>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
                                           head0, scores, part_s);
+            pdl_launch_dependents();
             return;
         }
     }
@@ -362,4 +363,5 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     K.FB = FB;
     K.pieces = mq.read_pieces(tq);
     score_run<T, D, BN, G>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
+    pdl_launch_dependents();
 }
