@@ -43,12 +43,12 @@ plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dt
 fields = {id(getattr(plan.kernels, f)): f for f in vars(plan.kernels) if getattr(plan.kernels, f) is not None}
 real_launch, seen = kernels.launch, []
 
-def launch(kernel, grid, args, shared_mem=0, threads=kernels.THREADS, programmatic=None):
+def launch(kernel, grid, args, shared_mem=0, threads=kernels.THREADS, **options):   # options: kernels.launch's
     field = fields.get(id(kernel), "?")
     if shared_mem and field.startswith(target):
         shared_mem -= shrink
     seen.append((field, shared_mem))
-    real_launch(kernel, grid, args, shared_mem=shared_mem, threads=threads, programmatic=programmatic)
+    real_launch(kernel, grid, args, shared_mem=shared_mem, threads=threads, **options)
 
 kernels.launch = launch
 plan.run(*to_gpu(q, k, v, lens))
