@@ -82,7 +82,11 @@ def test_method_lists():
     both = bench.methods.parse_method("santa-global-systematic-256-warp-always")    # a kernel, then a setting suffix
     assert both.name == "santa-global-systematic-256-warp-always" and both.plan_setting().santa_min_length == 0
     assert both.kernel_choice() == KernelChoice(tile_kernel="warp")
-    for wrong_order in ("santa-global-systematic-256-always-warp", "santa-global-systematic-256-warp-block"):
+    tiles = bench.methods.parse_method("santa-global-systematic-256-bn64-always")        # two setting suffixes
+    assert tiles.plan_setting().block_n == 64 and tiles.plan_setting().santa_min_length == 0
+    assert tiles.kernel_choice() == KernelChoice()
+    for wrong_order in ("santa-global-systematic-256-always-warp", "santa-global-systematic-256-warp-block",
+                        "santa-global-systematic-256-always-always"):
         with pytest.raises(click.BadParameter):
             bench.methods.parse_method(wrong_order)
     assert bench.methods.parse_method("santa-global-iid-64-stream").kernel_choice() == KernelChoice(score_kernel="stream")

@@ -4,6 +4,7 @@
     python3 tools/profile_case.py santa-global-systematic-256 16 32768 [--kernel stream] [--tiles-per-warp 1]
     python3 tools/profile_case.py santa-fixed-systematic-2048 16 32768 --tile-kernel warp_mma
     python3 tools/profile_case.py santa-global-systematic-256 1 32768 --kernel stream
+    python3 tools/profile_case.py santa-global-systematic-256 1 32768 --always   (no dense fallback)
     ncu --profile-from-start off ... tools/profile_case.py torch-cudnn 16 32768   (torch SDPA on a contiguous
       [B, KVH, L, D] copy; only its runs are profiled)
 
@@ -28,6 +29,8 @@ ap.add_argument("--kernel", default="auto", help="dense and the santa score pass
 ap.add_argument("--tile-kernel", default="auto", help="santa pass 2: auto|block|warp|warp_mma")
 ap.add_argument("--tiles-per-warp", type=int, default=None, help="santa v4 kernels: tiles per warp (default: fitted)")
 ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--always", action="store_true", help="santa at every length (santa_min_length=0; else the "
+                "plan's crossover may run the case exact)")
 ap.add_argument("--shape", default="llama8b", choices=("llama8b", "smollm2"))
 a = ap.parse_args()
 
@@ -61,10 +64,12 @@ if a.method == "dense":
                       method="dense", _kernels=KernelChoice(dense_kernel=kind))
 else:
     plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16",
-                      setting=AttentionSetting.parse(a.method),          # santa-<budget>-<sampler>-<S>
+                      setting=AttentionSetting.parse(a.method).replace(  # santa-<budget>-<sampler>-<S>
+                          **({"santa_min_length": 0} if a.always else {})),
                       _kernels=KernelChoice(score_kernel=kind, tile_kernel=a.tile_kernel,
                                             tiles_per_warp=a.tiles_per_warp))
-    print(f"score {plan.score_kernel} x{plan.score_tpw}, pass 2 {plan.tile_kernel} x{plan.tile_tpw}")
+    print(f"score {plan.score_kernel} x{plan.score_tpw}, pass 2 {plan.tile_kernel} x{plan.tile_tpw}, "
+          f"santa from {plan.santa_from} rows")
 for _ in range(a.runs):
     plan.run(q, k, v, lengths)
 cupy.cuda.Device().synchronize()

@@ -40,8 +40,10 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                          "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"}}
 # ... and the suffixes that change the attention setting: "always" = santa at every length (no
-# dense fallback below the plan's santa_min_length); it may follow a kernel suffix ("-warp-always")
-SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}}
+# dense fallback below the plan's santa_min_length); setting suffixes may follow a kernel suffix and
+# each other ("-warp-always", "-bn64-always")
+# "bn64" = tiles of 64 rows (the setting's block_n; the default is spec.DEFAULT_BLOCK_N)
+SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}, "bn64": {"block_n": 64}}
 SANTA_SUFFIX_OPTIONS = {**SANTA_KERNEL_SUFFIXES, **SANTA_SETTING_SUFFIXES}
 # "-keys<P>" (santa): block key sampling on a feature-blocked K (santa_cupy.key_layout), blocks of
 # KEY_BENCH_BLOCK features, rule "uniform" (every block's inclusion probability P / 100, so the K
@@ -144,7 +146,7 @@ class Method:
         """Our methods' santa_cupy.kernel_choice.KernelChoice: the overrides the suffix names."""
         from santa_cupy.kernel_choice import KernelChoice
 
-        if (self.paged or not self.backend or self.backend in SANTA_SETTING_SUFFIXES
+        if (self.paged or not self.backend or self.backend.split("-")[0] in SANTA_SETTING_SUFFIXES
                 or self.key_layout == "blocked"):
             return KernelChoice()
         if self.kind == "dense":
@@ -170,9 +172,9 @@ def parse_method(name: str) -> Method:
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
     keys = len(parts) == 5 and re.fullmatch(r"keys([1-9][0-9]?|100)", parts[4]) is not None
-    # a kernel suffix may carry a setting suffix after it: santa-global-systematic-256-fp-always
-    combined = (len(parts) == 6 and parts[4] in KERNEL_VERSIONS + tuple(SANTA_KERNEL_SUFFIXES)
-                and parts[5] in SANTA_SETTING_SUFFIXES)
+    # a kernel or setting suffix may carry setting suffixes after it: santa-global-systematic-256-warp-always
+    combined = (len(parts) >= 6 and parts[4] in KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS)
+                and all(x in SANTA_SETTING_SUFFIXES for x in parts[5:]) and len(set(parts[4:])) == len(parts[4:]))
     if parts[0] == "santa" and (len(parts) in (4, 5) and (len(parts) == 4 or parts[4] in SANTA_VERSIONS or keys)
                                 or combined):
         budget, sampler, s = parts[1:4]
@@ -186,7 +188,7 @@ def parse_method(name: str) -> Method:
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
         f"dense-blocked, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
         f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}|-keys<percent>]"
-        "[-always], "
+        "[-always|-bn64 ...], "
         "e.g. santa-global-systematic-256 or santa-global-systematic-256-keys75",
         param_hint="--methods")
 
