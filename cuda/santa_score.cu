@@ -35,7 +35,7 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
             float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
             float4* __restrict__ part_s,
             const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
+    pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     const int t = blockIdx.x, g = blockIdx.y;
     const i64 b = blockIdx.z;
     const int n = seq_len(lengths, b, L_max);
@@ -133,7 +133,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
                 float* __restrict__ scores,
                 float4* __restrict__ part_s, int santa_from,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
+    pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma score: one m16 tile of heads");
     const int warp = threadIdx.x >> 5;

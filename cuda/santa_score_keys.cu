@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(SC_NTHREADS, 3)
 santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                  int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                  const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
+    pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(BN % 32 == 0, "whole passes of 32 rows");
     constexpr int kMaxC = D / 16, kRows = BN / 32;        // rows a thread owns in a unit
     constexpr int kStages = G <= 8 ? 3 : 2;               // units in registers (G 16: the accumulators' room)
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                      int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                      const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh; dependents at the end)
+    pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma key scores: one m16 tile of heads");
     const int g = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
