@@ -115,6 +115,11 @@ class Method:
         return self.kind in ("torch", "flashinfer")
 
     @property
+    def suffixes(self) -> tuple[str, ...]:
+        """The name's suffixes after the setting ("warp-always" -> ("warp", "always"))."""
+        return tuple(self.backend.split("-")) if self.backend else ()
+
+    @property
     def paged(self) -> bool:
         return self.backend in PAGED_SUFFIXES
 
@@ -138,7 +143,7 @@ class Method:
         if self.key_layout == "blocked":     # dense-blocked: the plan's FB is the inputs' (kernels.py)
             return self.setting.replace(key_block=KEY_BENCH_BLOCK)
         changes = {}
-        for suffix in self.backend.split("-"):
+        for suffix in self.suffixes:
             changes.update(SANTA_SETTING_SUFFIXES.get(suffix, {}))
         return self.setting.replace(**changes)
 
@@ -146,14 +151,13 @@ class Method:
         """Our methods' santa_cupy.kernel_choice.KernelChoice: the overrides the suffix names."""
         from santa_cupy.kernel_choice import KernelChoice
 
-        if (self.paged or not self.backend or self.backend.split("-")[0] in SANTA_SETTING_SUFFIXES
-                or self.key_layout == "blocked"):
+        kernel = self.suffixes[0] if self.suffixes else ""   # "<kernel>[-<setting>...]"
+        if self.paged or not kernel or kernel in SANTA_SETTING_SUFFIXES or self.key_layout == "blocked":
             return KernelChoice()
         if self.kind == "dense":
-            if self.backend.startswith("p"):
-                return KernelChoice(dense_splits=int(self.backend[1:]))
-            return KernelChoice(dense_kernel=self.backend)
-        kernel = self.backend.split("-")[0]                  # "<kernel>" or "<kernel>-always"
+            if kernel.startswith("p"):
+                return KernelChoice(dense_splits=int(kernel[1:]))
+            return KernelChoice(dense_kernel=kernel)
         if kernel in SANTA_KERNEL_SUFFIXES:
             return KernelChoice(**SANTA_KERNEL_SUFFIXES[kernel])
         return KernelChoice(score_kernel=kernel)             # a score-pass version
