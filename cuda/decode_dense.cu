@@ -11,7 +11,7 @@
 //                         global memory straight into registers, U rows per row group in flight.
 //   decode_dense_mma      (v4, production) both products on tensor cores (mma.sync m16n8k16),
 //                         fp16/bf16 and D 64/128 only; see the comment above the kernel.
-//   decode_dense_mma_blocked  v4 on a feature-blocked K [B, KVH, C, L_max, FB] (tile.cuh
+//   decode_dense_mma_blocked  v4 on a feature-blocked K [B, KVH, NP, C, P, FB] (tile.cuh
 //                         BlockedKeyRows; contiguous): the same body (dense_mma_split), K's
 //                         addresses only differ. decode_dense_partial has no blocked form.
 // (v3, a cp.async ring, measured no faster than v2 and was removed; git history has it.)
@@ -417,8 +417,8 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                              santa_from, rows_read);
 }
 
-// decode_dense_mma on K in the feature-blocked layout kb [B, KVH, C, L_max, FB] (tile.cuh
-// BlockedKeyRows, FB = key_block 16 | 32, C = D / FB) with V contiguous [B, L_max, KVH, D]:
+// decode_dense_mma on K in the feature-blocked layout kb [B, KVH, NP, C, P, FB] (tile.cuh
+// BlockedKeyRows, FB = key_block 16 | 32, C = D / FB, pages of P rows) with V contiguous [B, L_max, KVH, D]:
 // contiguous caches only, so no page arguments. Each thread loads the same K words into the same
 // registers as decode_dense_mma (only their addresses differ) and the arithmetic is the same in the
 // same order: for the same splits, o, lse and the partials equal decode_dense_mma's on the

@@ -51,7 +51,7 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, To* __restric
 // The caches are [N, L_max, KVH, D] (page_size 0), or page pools [num_pages, page_size, KVH, D]
 // with block_table [N, max_pages] int32 (kv_cache_row, decoder_math.cuh): the page of row pos[n]
 // must be in the table. key_block FB > 0 (contiguous caches only): k_cache is feature-blocked,
-// [N, KVH, D / FB, L_max, FB] (blocked_key_at), v_cache as before.
+// [N, KVH, NP, D / FB, P, FB] (blocked_key_at), v_cache as before.
 // Rotation (HF rotate_half): for i < D/2, (a, b) = (x_i, x_{i + D/2}) with c, s = cos/sin[pos, i]:
 //   x_i <- a c - b s,  x_{i + D/2} <- b c + a s.
 // grid (N, ceil((H + 2 KVH) D/2 / SC_DECODER_THREADS)), block SC_DECODER_THREADS: one pair a

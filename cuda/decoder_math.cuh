@@ -23,10 +23,12 @@ __device__ __forceinline__ i64 kv_cache_row(i64 n, i64 p, i64 L_max, const int* 
 }
 
 // Where element f of KV head g's key of position p of sequence n goes in a feature-blocked
-// k_cache [N, KVH, D / FB, L_max, FB] (FB = key_block 16 | 32, contiguous caches only;
-// santa_cupy/key_layout.py).
+// k_cache [N, KVH, NP, D / FB, P, FB] (FB = key_block 16 | 32, pages of P = SC_KEY_PAGE_ROWS rows,
+// NP = ceil(L_max / P); contiguous caches only; santa_cupy/key_layout.py).
 __device__ __forceinline__ i64 blocked_key_at(i64 n, i64 p, int g, int f, int KVH, int D, i64 L_max, int key_block) {
-    return (((n * KVH + g) * (D / key_block) + f / key_block) * L_max + p) * key_block + f % key_block;
+    constexpr int P = SC_KEY_PAGE_ROWS;
+    const i64 page = (n * KVH + g) * ((L_max + P - 1) / P) + p / P;
+    return ((page * (D / key_block) + f / key_block) * P + p % P) * key_block + f % key_block;
 }
 
 // Element pair (a, b) = (x_i, x_{i + D/2}) of head h of token n's QKV product, to where it goes:

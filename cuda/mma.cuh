@@ -99,14 +99,14 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<
 }
 
 // The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):
-// piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of L_max * FB elements on; only
-// the pieces i with bit i of `pieces` set are read (the others are zeros).
+// piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of P * FB elements on; only the
+// pieces i with bit i of `pieces` set are read (the others are zeros).
 template <typename T, int D>
 __device__ __forceinline__ void load_blocked_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base,
                                                    i64 b, i64 step0, i64 key, i64 row_end, int g, int t, u32 pieces) {
     const bool valid = key < row_end;
     const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
-    const i64 stride = 32 * K.L_max;
+    constexpr int stride = 32 * BlockedKeyRows<T, D>::P;
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
         const bool read = valid && (pieces >> i & 1u);
@@ -205,7 +205,7 @@ struct KeyWeightedQuery : MmaQuery<T, D, G> {
 // steps. gid[k] (k < NG) = the groups, in order; warp-uniform (the group's weights).
 
 // The blocked K seen through the read groups: thread t's piece of group gid[k] is SampledKeyRows'
-// piece t + 4 gid[k], goff[k] = gid[k] * 32 * L_max elements past piece t; bit k of `pieces`: that
+// piece t + 4 gid[k], goff[k] = gid[k] * 32 * P elements past piece t; bit k of `pieces`: that
 // piece lies in a read block (FB 16: one of the group's two blocks may be unread).
 template <typename T, int D, int NG>
 struct CompactKeyRows : BlockedKeyRows<T, D> {

@@ -2,9 +2,9 @@
 // santa_cupy/key_sampling.py) on the feature-blocked K cache: it reads only the K blocks a draw
 // selected.
 //
-// K layout (santa_cupy/key_layout.py): kb [B, KVH, C, L_max, FB], C = D / FB, FB = 16 | 32 (a
-// runtime argument): the rows of block c of KV head g are one contiguous run of L_max * FB
-// elements. q [B, H, D]; heads g*G .. g*G + G - 1 read KV head g. Contiguous caches only.
+// K layout (santa_cupy/key_layout.py, tile.cuh BlockedKeyRows): kb [B, KVH, NP, C, P, FB], C = D / FB,
+// FB = 16 | 32 (a runtime argument), pages of P = SC_KEY_PAGE_ROWS rows: the P rows of block c of a
+// page of KV head g are one contiguous run of P * FB elements. q [B, H, D]; heads g*G .. g*G + G - 1 read KV head g. Contiguous caches only.
 //
 // santa_key_blocks, then one of the two score passes, back to back (santa_cupy/key_pass.py):
 // santa_score_keys (FMA, the fallback) or santa_score_keys_mma (tensor cores, the automatic one; at
@@ -210,18 +210,18 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
     const int total = (t_end - t_begin) * units;
     const int piece = threadIdx.x & 3, rg = threadIdx.x >> 2;
     const int sub = piece >> log2p, within = piece & ((1 << log2p) - 1);   // which block of the unit, its piece
-    const T* kg = kb + (b * KVH + g) * (i64)C * L_max * FB + within * SC_CHUNK;
+    const BlockedKeyRows<T, D> KB{kb, L_max, KVH, FB};
     // The read block this lane's pieces come from in unit v of a tile (-1: the unit has no second block)
     auto block_of = [&](int v) { const int ci = v * per_unit + sub; return ci < nr ? read[ci] : -1; };
     auto load_unit = [&](int u, Chunk<T> (&k)[kRows]) {
         const int t = t_begin + u / units, c = block_of(u % units);
         const i64 row0 = (i64)t * BN;
         const int nrows = (int)min((i64)BN, n - row0);
-        const T* run = kg + (i64)max(c, 0) * L_max * FB + row0 * FB;
+        const i64 block_off = (i64)max(c, 0) * SC_KEY_PAGE_ROWS * FB + within * SC_CHUNK;
 #pragma unroll
         for (int mm = 0; mm < kRows; ++mm) {
             const int j = rg + 32 * mm;
-            if (c >= 0 && j < nrows) k[mm].load(run + (i64)j * FB);
+            if (c >= 0 && j < nrows) k[mm].load(KB.row(b, row0 + j, g) + block_off);
             else k[mm].zero();
         }
     };
@@ -294,13 +294,14 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
     }
     CompactKeyQuery<T, D, G, NG> mq;
     mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+    static_assert(16 * CompactSpan<D, BN, NG>::value <= SC_KEY_PAGE_ROWS, "a compact step lies in one page");
     CompactKeyRows<T, D, NG> K;
     K.data = kb;
     K.L_max = L_max;
     K.KVH = KVH;
     K.FB = FB;
 #pragma unroll
-    for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * L_max;
+    for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * SC_KEY_PAGE_ROWS;
     K.pieces = mq.read_pieces();
     score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
                                                         scores, part_s);

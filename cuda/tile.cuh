@@ -43,26 +43,30 @@ struct CacheRows {
     }
 };
 
-// A K cache in the feature-blocked layout kb [B, KVH, C, L_max, FB] (santa_cupy/key_layout.py;
-// FB = 16 | 32, C = D / FB; contiguous, no paged form): feature f of row (b, j, g) is element
-// (((b * KVH + g) * C + f / FB) * L_max + j) * FB + f % FB. The rows of one block are FB elements
-// apart, so 8 features at a multiple of 8 (a 16-byte piece) lie in one block, contiguous.
-// row() is the row's feature 0 (C * FB = D); piece(row, p) the p-th 16-byte piece of the row.
+// A K cache in the feature-blocked layout kb [B, KVH, NP, C, P, FB] (santa_cupy/key_layout.py;
+// FB = 16 | 32, C = D / FB, pages of P = SC_KEY_PAGE_ROWS (common.cuh) rows, NP = ceil(L_max / P); contiguous,
+// no paged form): feature f of row (b, j, g) is element
+// ((((b * KVH + g) * NP + j / P) * C + f / FB) * P + j % P) * FB + f % FB. The rows of one block
+// of a page are FB elements apart, so 8 features at a multiple of 8 (a 16-byte piece) lie in one
+// block, contiguous; the blocks of a page are P * FB elements apart.
+// row() is the row's feature 0; piece(row, p) the p-th 16-byte piece of the row.
 template <typename T, int D>
 struct BlockedKeyRows {
+    static constexpr int P = SC_KEY_PAGE_ROWS;
     const T* data;
     i64 L_max;
     int KVH, FB;
 
     __device__ __forceinline__ const T* row(i64 b, i64 j, int g) const {
-        return data + (b * KVH + g) * (i64)D * L_max + j * FB;
+        const i64 pages = (L_max + P - 1) / P;
+        return data + ((b * KVH + g) * pages + j / P) * (i64)(D * P) + (j % P) * FB;
     }
     // features 8p .. 8p + 7: block 8p / FB, offset 8p % FB (FB a power of two)
     __device__ __forceinline__ const T* piece(const T* row, int p) const {
         const int f = SC_CHUNK * p;
-        return row + (i64)(f & ~(FB - 1)) * L_max + (f & (FB - 1));
+        return row + (i64)(f & ~(FB - 1)) * P + (f & (FB - 1));
     }
-    // Row `key` of a step starting at j0 (base = row(b, j0, g)): every step lies in one run.
+    // Row `key` of a step starting at j0 (base = row(b, j0, g)): a 16-key step lies in one page.
     __device__ __forceinline__ const T* step_key(const T* base, i64 b, i64 j0, i64 key, int g) const {
         return base + (key - j0) * FB;
     }

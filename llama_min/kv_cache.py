@@ -14,7 +14,7 @@ class KVCache:
     """Preallocated KV cache, one type with two storage forms (``new_cache(..., page_size=...)``):
 
     - contiguous (this class, page_size None): k[l], v[l] are [B, L_max, KVH, D] (santa_cupy layout),
-      or with key_block FB (16 | 32) k[l] feature-blocked [B, KVH, D / FB, L_max, FB]
+      or with key_block FB (16 | 32) k[l] feature-blocked [B, KVH, NP, D / FB, P, FB]
       (santa_cupy.key_layout: key_layout "blocked", what the dense kernel reads on the GPU), v[l] as before;
     - paged (PagedKVCache): k[l], v[l] are page pools [num_pages, page_size, KVH, D] (NHD, FlashInfer's
       and vLLM's layout) and one block table [B, max_pages] int32 (device array on GPU) maps every
@@ -73,12 +73,12 @@ class KVCache:
 
     def write_rows(self, layer: int, start: int, k, v):
         """Prefill: k, v [B, T, KVH, D] (storage dtype) into rows start .. start + T - 1 of every sequence."""
-        from santa_cupy.key_layout import to_blocked
+        from santa_cupy.key_layout import write_rows
         end = start + k.shape[1]
         if self.key_block is None:
             self.k[layer][:, start:end] = k
         else:
-            self.k[layer][:, :, :, start:end] = to_blocked(k, self.key_block)
+            write_rows(self.k[layer], start, k)
         self.v[layer][:, start:end] = v
 
     def token_index(self, pos):
@@ -90,9 +90,9 @@ class KVCache:
         """Decode (array path): k, v [B, KVH, D] into the rows of token_index(pos)."""
         if self.key_block is None:
             self.k[layer][index] = k
-        else:                                          # [B, KVH, C, FB] at row pos[b] of each block
-            rows, pos = index
-            self.k[layer][rows, :, :, pos] = k.reshape(k.shape[0], k.shape[1], -1, self.key_block)
+        else:                                          # row pos[b] of sequence b's page pos[b] // P
+            from santa_cupy.key_layout import write_token
+            write_token(self.k[layer], *index, k)
         self.v[layer][index] = v
 
     def read(self, layer: int, n: int):
@@ -100,8 +100,8 @@ class KVCache:
         the cache arrays themselves, or with a blocked K its first n rows converted (a copy) and
         a view of V's; paged: the sequences' pages gathered)."""
         if self.key_block is not None:
-            from santa_cupy.key_layout import from_blocked
-            return from_blocked(self.k[layer][:, :, :, :n]), self.v[layer][:, :n]
+            from santa_cupy.key_layout import KEY_PAGE_ROWS, from_blocked
+            return from_blocked(self.k[layer][:, :, :-(-n // KEY_PAGE_ROWS)], n), self.v[layer][:, :n]
         return self.k[layer], self.v[layer]
 
     def advance(self, on_device: bool = True):

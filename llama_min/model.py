@@ -494,7 +494,7 @@ class AttentionHook(Protocol):
     layer: int; q [B, H, D] of the KV dtype (rotated); k_cache, v_cache: the layer's cache as the
     attention takes it (CPU: [B, >= n, KVH, D] whose first lengths[b] rows are sequence b's; GPU:
     the storage, contiguous [B, L_max, KVH, D] or page pools with cache.block_table, a cache with
-    key_block: K blocked [B, KVH, D / FB, L_max, FB], santa_cupy's key_layout "blocked"); lengths [B]
+    key_block: K blocked [B, KVH, NP, D / FB, P, FB], santa_cupy's key_layout "blocked"); lengths [B]
     int32 (the new token included); attend(q, k_cache, v_cache, lengths) -> o [B, H, D] is the
     configured attention of that layer. Return o of that shape and dtype: attend's to observe,
     another to replace it. The arrays are live (the cache is written by later steps; copy what you

@@ -142,7 +142,7 @@ def _rope_operands_ok(n, kv_heads, cos, sin, pos, k_cache, v_cache, block_table=
     """The rotary + K/V append's operands for n tokens: C-contiguous caches of one dtype (D even),
     [n, L_max, kv_heads, D], or page pools [num_pages, page_size, kv_heads, D] (page_size 1..256)
     with block_table [n, max_pages] int32 C-contiguous, or with key_block FB (16 | 32, no table) a
-    feature-blocked k_cache [n, kv_heads, D / FB, L_max, FB] beside v_cache [n, L_max, kv_heads, D];
+    feature-blocked k_cache [n, kv_heads, NP, D / FB, P, FB] (key_layout.blocked_shape) beside v_cache [n, L_max, kv_heads, D];
     cos and sin [P, D/2] float32, pos [n] int32."""
     import cupy
 
@@ -179,7 +179,7 @@ def _rope_operands_seen(cos, pos, k_cache, v_cache, heads, kv_heads, block_table
 
 
 _CACHE_FORMS = ("caches [n, L_max, KVH, D] (or page pools [num_pages, page_size, KVH, D] with block_table "
-                "[n, max_pages] int32, or with key_block FB a blocked k_cache [n, KVH, D / FB, L_max, FB])")
+                "[n, max_pages] int32, or with key_block FB a blocked k_cache [n, KVH, NP, D / FB, P, FB])")
 
 
 def _cache_address(v_cache, block_table, pos, key_block=None) -> tuple:
@@ -266,7 +266,7 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads: int, kv_heads: int,
     must be in the table (not checked: the entries live on the device).
 
     key_block FB (16 | 32; contiguous caches only): k_cache is feature-blocked, [N, kv_heads,
-    D / FB, L_max, FB] (santa_cupy.key_layout.to_blocked of the standard K), v_cache as above."""
+    NP, D / FB, P, FB] (santa_cupy.key_layout.to_blocked of the standard K), v_cache as above."""
     N = qkv.shape[0]
     D = v_cache.shape[-1]
     p = np.dtype(qkv.dtype).name

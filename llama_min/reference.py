@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from santa_cupy import spec
+from santa_cupy import key_layout, spec
 from santa_cupy.reference import to_float64
 
 F32 = np.float32
@@ -33,8 +33,8 @@ def rms_norm(x, w, eps):
 def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype, key_block=None):
     """decoder.cu rope_append in float32, each product and sum rounded (no FMA), as the kernel:
     -> q [N, heads, D] of kv_dtype; writes rotated k and v into row pos[n] of the (NumPy) caches
-    [N, L_max, KVH, D], with key_block FB the rotated k into the blocked k_cache [N, KVH, D / FB,
-    L_max, FB] (santa_cupy.key_layout) instead."""
+    [N, L_max, KVH, D], with key_block FB the rotated k into the blocked k_cache [N, KVH, NP, D / FB,
+    P, FB] (santa_cupy.key_layout) instead."""
     N, D = qkv.shape[0], v_cache.shape[-1]
     h = D // 2
     x = spec.to_float32(qkv, np).reshape(N, heads + 2 * kv_heads, D)
@@ -46,8 +46,8 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, heads, kv_heads, kv_dtype,
     k = store(rot[:, heads:heads + kv_heads])                                       # [N, KVH, D]
     if key_block is None:
         k_cache[rows, pos] = k
-    else:                                                                           # [N, KVH, C, FB] at row pos[n]
-        k_cache[rows, :, :, pos] = k.reshape(N, kv_heads, D // key_block, key_block)
+    else:                                                                           # row pos[n] of its page
+        key_layout.write_token(k_cache, rows, pos, k.reshape(N, kv_heads, D))
     v_cache[rows, pos] = store(x[:, heads + kv_heads:])
     return store(rot[:, :heads])
 

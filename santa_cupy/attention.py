@@ -70,11 +70,11 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
         parallelism: a rank holding heads h0 .. h0 + H - 1 of a model passes h0 and draws the
         samples the whole model's heads draw); 0 otherwise.
     key_layout : str
-        "standard" (k_cache [B, L_max, KVH, D]) or "blocked": k_cache is [B, KVH, C, L_max, FB]
+        "standard" (k_cache [B, L_max, KVH, D]) or "blocked": k_cache is [B, KVH, NP, C, P, FB]
         (santa_cupy.key_layout.to_blocked), the layout block key sampling needs on the GPU
         (FB = key_block), which method "dense" without key sampling reads too (exact attention;
-        FB = k_cache.shape[4]; on the GPU fp16 / bf16 at D 64 / 128); NumPy inputs take it as well
-        (converted back for the reference). A rank-5 k_cache without key_layout="blocked" is a
+        FB = k_cache.shape[5]; on the GPU fp16 / bf16 at D 64 / 128); NumPy inputs take it as well
+        (converted back for the reference). A rank-6 k_cache without key_layout="blocked" is a
         ValueError, and so is "blocked" without key_sampling="bernoulli_block" or method "dense",
         or with a block_table.
 
@@ -114,12 +114,12 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     setting = AttentionSetting.from_fields(setting, **setting_fields)      # validates the fields
     blocked_k = None                      # the GPU's blocked K (k_cache then stands for its standard shape)
     if _blocked_keys(k_cache, v_cache, setting, key_layout, block_table):
-        if not setting.key_sampled and getattr(k_cache, "ndim", 0) == 5 and k_cache.shape[4] in spec.KEY_BLOCKS:
-            setting = setting.replace(key_block=int(k_cache.shape[4]))     # dense: the blocked K's own FB
+        if not setting.key_sampled and getattr(k_cache, "ndim", 0) == 6 and k_cache.shape[5] in spec.KEY_BLOCKS:
+            setting = setting.replace(key_block=int(k_cache.shape[5]))     # dense: the blocked K's own FB
         if spec.is_cupy_array(q):
             blocked_k, k_cache = k_cache, v_cache
         else:
-            k_cache = key_layouts.from_blocked(k_cache)
+            k_cache = key_layouts.from_blocked(k_cache, v_cache.shape[1])
     elif setting.key_sampled and spec.is_cupy_array(q):
         raise NotImplementedError(key_pass.BLOCKED_ONLY)
     method, samples, sampler, budget, seed = setting.method, setting.samples, setting.sampler, setting.budget, \
@@ -216,8 +216,9 @@ def key_scores(q, k_cache, lengths, setting=None, *, step=0, layer=0, scale=None
     scores its key-sampled call attends over. For tests and for one's own estimators on the
     scores.
 
-    ``key_layout`` "blocked": k_cache is [B, KVH, C, L_max, FB] (santa_cupy.key_layout.to_blocked).
-    CuPy inputs need it and run the GPU's score pass (santa_cupy/key_pass.py: key_sampling
+    ``key_layout`` "blocked": k_cache is [B, KVH, NP, C, P, FB] (santa_cupy.key_layout.to_blocked),
+    and the scores have its NP * P rows (L_max rounded up to whole pages; -inf past lengths as
+    ever). CuPy inputs need it and run the GPU's score pass (santa_cupy/key_pass.py: key_sampling
     "bernoulli_block", rules uniform | qmax | qrms, fp16 / bf16, head dim 64 / 128): scores
     [B, H, L_max] float32 CuPy (the plan's stash; -inf past lengths) and a KeySamplingInfo of CuPy
     arrays (pi, the blocks read and their weights bit for bit the reference's; ``selected`` None);
@@ -273,7 +274,7 @@ def clear_plan_cache() -> None:
 
 
 def _blocked_keys(k_cache, v_cache, setting, key_layout, block_table) -> bool:
-    """Whether k_cache is in the blocked layout (key_layout "blocked"), after the checks: a rank-5
+    """Whether k_cache is in the blocked layout (key_layout "blocked"), after the checks: a rank-6
     K without it, "blocked" without block key sampling or method "dense" (no key sampling), or
     with a block table: ValueError."""
     key_layouts.check_key_layout(key_layout)

@@ -32,7 +32,7 @@ __all__ = ["KeyScorePass", "check_gpu_key_setting", "check_blocked_setting", "va
            "key_layout_choice", "check_dense_blocked", "check_standard_keys", "balanced_tiles_per_warp"]
 
 BLOCKED_ONLY = ("key sampling on the GPU reads K in the feature-blocked layout: pass key_layout='blocked' and K "
-                "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, C, L_max, FB]); V keeps the standard "
+                "from santa_cupy.key_layout.to_blocked(k, key_block) ([B, KVH, NP, C, P, FB]); V keeps the standard "
                 "layout")
 
 
@@ -55,15 +55,16 @@ def check_gpu_key_setting(setting, *, dtype, head_dim, group, head_offset=0):
 
 
 def validate_blocked_keys(kb, *, batch, kv_heads, head_dim, max_length, key_block, dtype):
-    """kb must be a C-contiguous CuPy array [B, KVH, C, L_max, FB] of the storage dtype
+    """kb must be a C-contiguous CuPy array [B, KVH, NP, C, P, FB] of the storage dtype
     (key_layout.to_blocked of a [B, L_max, KVH, D] K); ValueError / TypeError naming what is off."""
-    want = (batch, kv_heads, head_dim // key_block, max_length, key_block)
-    if not spec.is_cupy_array(kb) or getattr(kb, "ndim", 0) != 5:
-        raise ValueError(f"k_cache must be the blocked layout [B, KVH, C, L_max, FB] = {want} as a cupy array "
+    want = _key_layout.blocked_shape((batch, max_length, kv_heads, head_dim), key_block)
+    if not spec.is_cupy_array(kb) or getattr(kb, "ndim", 0) != 6:
+        raise ValueError(f"k_cache must be the blocked layout [B, KVH, NP, C, P, FB] = {want} as a cupy array "
                          f"(santa_cupy.key_layout.to_blocked), got {spec.describe(kb)}")
     if tuple(kb.shape) != want:
-        raise ValueError(f"k_cache (blocked) must have shape [B, KVH, C, L_max, FB] = {want} (FB = key_block "
-                         f"{key_block}), got {tuple(kb.shape)}")
+        raise ValueError(f"k_cache (blocked) must have shape [B, KVH, NP, C, P, FB] = {want} (FB = key_block "
+                         f"{key_block}, L_max = {max_length} in pages of {_key_layout.KEY_PAGE_ROWS}), got "
+                         f"{tuple(kb.shape)}")
     if spec.DTYPE_NAMES.get(np.dtype(kb.dtype)) != dtype:
         raise TypeError(f"k_cache dtype {kb.dtype} must be q's ({dtype})")
     if not kb.flags.c_contiguous:
@@ -123,7 +124,7 @@ class KeyScorePass:
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
 
     def launch(self, q, kb, lengths, step, layer, scores, part_s, launch=kernels.launch):
-        """The two kernels on the current stream: q [B, H, D], kb [B, KVH, C, L_max, FB] (storage
+        """The two kernels on the current stream: q [B, H, D], kb [B, KVH, NP, C, P, FB] (storage
         dtype), lengths [B] int32, step [1] int64 (device), layer int -> scores [B, H, L_max] float32
         (rows j < lengths[b]) and part_s [B, H, T_max, 4] float32 (tiles of the lengths).
         ``launch``: kernels.launch or a plan's own (same arguments)."""
@@ -181,17 +182,17 @@ def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
     -inf at positions >= lengths[b]; a KeySamplingInfo of CuPy arrays: group_fraction [B, KVH]
     float64 measured from the blocks read, expected_group_fraction, read [B, KVH, C] bool, prob
     = pi [B, KVH, C] float32, weight [B, KVH, C] float32, selected None; key_fraction a float, a
-    host sync). q [B, H, D] fp16 / bf16, kb [B, KVH, C, L_max, FB] (key_layout.to_blocked),
-    lengths [B] integer in 1..L_max."""
+    host sync). q [B, H, D] fp16 / bf16, kb [B, KVH, NP, C, P, FB] (key_layout.to_blocked; L_max
+    = NP * P, its rows rounded up to whole pages), lengths [B] integer in 1..L_max."""
     import cupy
 
     from santa_cupy.key_sampling import KeySamplingInfo
 
-    if getattr(q, "ndim", 0) != 3 or getattr(kb, "ndim", 0) != 5 or getattr(lengths, "ndim", 0) != 1:
-        raise ValueError(f"q must be [B, H, D], k_cache (blocked) [B, KVH, C, L_max, FB], lengths [B]; got q "
+    if getattr(q, "ndim", 0) != 3 or getattr(kb, "ndim", 0) != 6 or getattr(lengths, "ndim", 0) != 1:
+        raise ValueError(f"q must be [B, H, D], k_cache (blocked) [B, KVH, NP, C, P, FB], lengths [B]; got q "
                          f"{spec.describe(q)}, k_cache {spec.describe(kb)}, lengths {spec.describe(lengths)}")
     B, H, D = q.shape
-    _, KVH, _, L_max, _ = kb.shape
+    KVH, L_max = kb.shape[1], _key_layout.blocked_rows(kb.shape)
     spec._check_heads(H, KVH, D)
     dtype = spec.DTYPE_NAMES.get(np.dtype(q.dtype))
     check_gpu_key_setting(setting, dtype=dtype, head_dim=D, group=H // KVH)
@@ -278,8 +279,8 @@ def _check_key_layout(value):
 
 
 def check_standard_keys(k_cache):
-    """A rank-5 K given to a plan or call without key_layout='blocked': ValueError saying so."""
-    if getattr(k_cache, "ndim", 0) == 5:
-        raise ValueError(f"k_cache has rank 5, the blocked key layout [B, KVH, C, L_max, FB] "
+    """A rank-6 K given to a plan or call without key_layout='blocked': ValueError saying so."""
+    if getattr(k_cache, "ndim", 0) == 6:
+        raise ValueError(f"k_cache has rank 6, the blocked key layout [B, KVH, NP, C, P, FB] "
                          f"({spec.describe(k_cache)}): pass key_layout='blocked' (with key_sampling='bernoulli_block' "
                          "or method 'dense'), or a standard [B, L_max, KVH, D] K")

@@ -81,7 +81,7 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         The global index of the plan's first query head in the RNG keys (a tensor-parallel rank's
         first head; 0 otherwise), see ``decode_attention``.
     key_layout : str
-        "standard": k_cache [B, L_max, KVH, D]; "blocked": [B, KVH, C, L_max, FB]
+        "standard": k_cache [B, L_max, KVH, D]; "blocked": [B, KVH, NP, C, P, FB]
         (santa_cupy.key_layout.to_blocked, FB = the setting's key_block, 16 | 32), the layout of
         block key sampling (key_sampling "bernoulli_block", santa_cupy/key_pass.py: method santa,
         rules uniform | qmax | qrms, fp16 / bf16 at head_dim 64 / 128, contiguous caches), which

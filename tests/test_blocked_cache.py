@@ -1,5 +1,5 @@
 """llama_min on a KV cache with K feature-blocked (issue 17 item 2: new_cache(key_block=FB), K
-[B, KVH, D / FB, L_max, FB], santa_cupy's key_layout "blocked"): on the CPU the decode steps give
+[B, KVH, NP, D / FB, P, FB], santa_cupy's key_layout "blocked"): on the CPU the decode steps give
 the standard cache's logits bit for bit and the cache holds to_blocked of the standard K; the
 NumPy twin of the rotary + K/V append writes the blocked layout. The GPU side is
 tests/test_gpu_blocked_keys.py."""
@@ -30,7 +30,8 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("FB", [16, 32])
 def test_blocked_cache_decodes_as_the_standard_one(tiny, name, FB):
     """Batch 2, a prompt of 7 (two prefill chunks of 4 and 3) and 6 decode steps: the same logits
-    at every step, bit for bit, and every layer's K is to_blocked of the standard cache's."""
+    at every step, bit for bit, and every layer's K is to_blocked of the standard cache's (one
+    page of K: the tiny model's positions stop at 64; tests/test_key_layout.py writes across pages)."""
     model, cfg = tiny
     att = ATTENTIONS[name]
     rng = np.random.default_rng(FB)
@@ -40,7 +41,7 @@ def test_blocked_cache_decodes_as_the_standard_one(tiny, name, FB):
                     + [model.decode(t, standard, att) for t in steps])
     cache = model.new_cache(2, 20, key_block=FB)
     assert cache.key_layout == "blocked" and cache.key_block == FB
-    assert cache.k[0].shape == (2, 2, 64 // FB, 20, FB) and cache.v[0].shape == (2, 20, 2, 64)
+    assert cache.k[0].shape == (2, 2, 1, 64 // FB, 64, FB) and cache.v[0].shape == (2, 20, 2, 64)
     got = np.stack([model.prefill(prompt[:, :4], cache), model.prefill(prompt[:, 4:], cache)]
                    + [model.decode(t, cache, att) for t in steps])
     np.testing.assert_array_equal(got, want)

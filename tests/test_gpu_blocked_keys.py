@@ -87,7 +87,7 @@ def test_rope_append_into_a_blocked_k_is_the_blocked_standard_append(product, kv
     import cupy
 
     from llama_min import ops, reference
-    N, H, KVH, D, L_max = 3, 8, 2, 64, 21
+    N, H, KVH, D, L_max = 3, 8, 2, 64, 150                  # K's rows on three pages
     rng = np.random.default_rng(FB)
     qkv = rng.standard_normal((N, (H + 2 * KVH) * D)).astype(product)
     cos, sin, pos, store = rope_operands(rng, N, KVH, D, L_max, kv_dtype)

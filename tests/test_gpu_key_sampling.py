@@ -56,10 +56,26 @@ def _reference(q, k, lens, setting, step, layer):
 
 
 def _gpu(q, k, lens, setting, step, layer, kb=None):
+    """The GPU's scores [B, H, L_max] (the blocked K's rows past L_max, to its last page's end, -inf)."""
     kb = key_layout.to_blocked(k, setting.key_block) if kb is None else kb
     qg, kbg, lg = to_gpu(q, kb, lens)
     s, info = santa_cupy.key_scores(qg, kbg, lg, setting, step=step, layer=layer, key_layout="blocked")
-    return s.get(), info
+    s = s.get()
+    assert s.shape[-1] == key_layout.blocked_rows(kb.shape) and (s[..., k.shape[1]:] == -np.inf).all()
+    return s[..., :k.shape[1]], info
+
+
+def _poisoned_blocked(k, FB, lens, read, nan):
+    """to_blocked(k, FB) with NaN bits in every K byte the kernel must not read: rows past each
+    length and blocks no draw selected (read [B, KVH, C])."""
+    kb = key_layout.to_blocked(k, FB)
+    B, KVH, NP, C, P, _ = kb.shape
+    row = np.arange(NP * P).reshape(NP, P)
+    for b, n in enumerate(lens):
+        kb[b].transpose(0, 2, 1, 3, 4)[:, :, row >= n] = nan       # [KVH, C, NP, P, FB]: rows past the length
+        for g in range(KVH):
+            kb[b, g][:, ~read[b, g]] = nan                         # [NP, C, P, FB]: blocks not selected
+    return kb
 
 
 def _score_bound(q, k, lens, weight, scale, FB):
@@ -85,11 +101,7 @@ def test_blocks_bit_identical_and_scores_within_bound(dtype, D, G, block_n, FB, 
     q, k, _, lens = _case(dtype, D, G, block_n, lengths, seed=R)
     setting = _setting(block_n, key_block=FB, key_draws=R, key_budget=budget, key_rule=rule, key_combine=combine)
     want, ref = _reference(q, k, lens, setting, step=11, layer=4)
-    kb = key_layout.to_blocked(k, FB)
-    for b, n in enumerate(lens):
-        kb[b, :, :, n:] = NAN_BITS[dtype]                   # rows past the length
-        for g in range(kb.shape[1]):
-            kb[b, g, ~ref.read[b, g]] = NAN_BITS[dtype]     # blocks no draw selected
+    kb = _poisoned_blocked(k, FB, lens, ref.read, NAN_BITS[dtype])
     got, info = _gpu(q, k, lens, setting, step=11, layer=4, kb=kb)
     assert np.array_equal(info.prob.get(), ref.prob), "pi differs from the reference"
     assert np.array_equal(info.read.get(), ref.read), "blocks read differ from the reference"
@@ -117,11 +129,7 @@ def test_compact_runs_when_few_groups_are_read(dtype, D, G, block_n, FB):
     want, ref = _reference(q, k, lens, setting, step=3, layer=5)
     groups = ref.read.reshape(*ref.read.shape[:2], D // 32, 32 // FB).any(-1).sum(-1)     # [B, KVH]
     assert {1, 2}.issubset(set(groups.ravel())) if D == 128 else 1 in set(groups.ravel()), groups
-    kb = key_layout.to_blocked(k, FB)
-    for b, n in enumerate(lens):
-        kb[b, :, :, n:] = NAN_BITS[dtype]
-        for g in range(kb.shape[1]):
-            kb[b, g, ~ref.read[b, g]] = NAN_BITS[dtype]
+    kb = _poisoned_blocked(k, FB, lens, ref.read, NAN_BITS[dtype])
     got, info = _gpu(q, k, lens, setting, step=3, layer=5, kb=kb)
     assert np.array_equal(info.read.get(), ref.read)
     bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
@@ -270,7 +278,7 @@ def test_layout_helpers_on_cupy():
     rs = np.random.default_rng(2)
     k = rs.integers(0, 2**16, (3, 37, 2, 64)).astype(np.uint16)
     kb = key_layout.to_blocked(cupy.asarray(k), 32)
-    assert isinstance(kb, cupy.ndarray) and kb.flags.c_contiguous and kb.shape == (3, 2, 2, 37, 32)
+    assert isinstance(kb, cupy.ndarray) and kb.flags.c_contiguous and kb.shape == (3, 2, 1, 2, 64, 32)
     assert np.array_equal(kb.get(), key_layout.to_blocked(k, 32))
-    back = key_layout.from_blocked(kb)
+    back = key_layout.from_blocked(kb, 37)
     assert isinstance(back, cupy.ndarray) and np.array_equal(back.get(), k)

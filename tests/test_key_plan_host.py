@@ -124,7 +124,7 @@ def test_gpu_refusals(launches):
     with pytest.raises(ValueError, match="key_layout must be one of"):
         plan(key_layout="HND")
     p = plan()
-    with pytest.raises(ValueError, match=r"shape \[B, KVH, C, L_max, FB\]"):
+    with pytest.raises(ValueError, match=r"shape \[B, KVH, NP, C, P, FB\]"):
         p.run(q, key_layout.to_blocked(np.asarray(k), 32).view(FakeArray), v, lengths)
     with pytest.raises(ValueError, match="blocked layout"):
         p.run(q, k, v, lengths)
@@ -165,7 +165,9 @@ def test_numpy_inputs_take_the_blocked_layout():
     assert np.array_equal(o, ob) and np.array_equal(info.key_fraction, info_b.key_fraction)
     s, ks = santa_cupy.key_scores(q, k, lengths, name, step=3)
     sb, ks_b = santa_cupy.key_scores(q, kb, lengths, name, step=3, key_layout="blocked")
-    assert np.array_equal(s, sb) and np.array_equal(ks.weight, ks_b.weight)
+    assert sb.shape[-1] == key_layout.blocked_rows(kb.shape) == 64     # the blocked K's whole pages
+    assert np.array_equal(s, sb[..., :40]) and np.all(sb[..., 40:] == -np.inf)
+    assert np.array_equal(ks.weight, ks_b.weight)
     with pytest.raises(ValueError, match="pass key_layout='blocked'"):
         santa_cupy.key_scores(q, kb, lengths, name)
 

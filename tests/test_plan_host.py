@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from santa_cupy import kernel_choice, kernels, spec
+from santa_cupy import kernel_choice, kernels, key_layout, spec
 from tests.gpu_util import make_plan
 
 
@@ -398,6 +398,7 @@ def test_layout_constants_are_the_kernels():
     d = _cuda_defines()
     assert (kernels.THREADS, kernels.CHUNK) == (d["SC_NTHREADS"], d["SC_CHUNK"]) == (128, 8)
     assert kernels.GATHER_STAGE_BYTES == d["SC_GATHER_STAGE_BYTES"]
+    assert key_layout.KEY_PAGE_ROWS == d["SC_KEY_PAGE_ROWS"]
     assert kernels.ACC_COPIES == d["SC_ACC_COPIES"]
     assert kernels.MERGE_THREADS == d["SC_MERGE_THREADS"]
     assert kernels.HEAD_DRAW_BYTES == _struct_size(kernels.build_source(), "HeadDraw") == 48
