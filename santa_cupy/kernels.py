@@ -16,6 +16,7 @@ import functools
 import hashlib
 import itertools
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ GROUPS = tuple(range(1, spec.MAX_G + 1))
 # Every dtype x head_dim at the common group sizes, plus every group size at one shape.
 CI_CONFIGS = tuple(itertools.product(STORAGE_TYPE, spec.HEAD_DIMS, (1, 4, 8))) + tuple(
     ("bfloat16", 128, g) for g in GROUPS if g not in (1, 4, 8))
-NVRTC_OPTIONS = ("-std=c++17",)
+# SANTA_CUPY_LINEINFO=1: line tables in the kernels, for Nsight Compute's source view (tools/ncu_sass.sh)
+NVRTC_OPTIONS = ("-std=c++17",) + (("-lineinfo",) if os.environ.get("SANTA_CUPY_LINEINFO") == "1" else ())
 
 THREADS = 128       # SC_NTHREADS
 CHUNK = 8           # SC_CHUNK
