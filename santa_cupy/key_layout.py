@@ -7,10 +7,10 @@ after another: ``[B, KVH, NP, C, P, FB]`` with ``FB = key_block`` features per b
 ``kb[b, g, j // P, c, j % P, i] = k[b, j, g, c * FB + i]``. The P rows of one block of one page
 are one contiguous run of ``P * FB`` elements (2 KB at FB 16, bf16), so a block that key sampling
 drops (santa_cupy.key_sampling, "bernoulli_block") is a run of whole DRAM bursts the kernel never
-reads, while a 16-key step still finds all of its blocks within one page (P * D elements):
-whole-length runs ([B, KVH, C, L_max, FB], before) made dense on the blocked K up to 5% slower
-than on the standard K (one DRAM stream a block; H200, docs/BENCHMARKS.md). V keeps the standard
-layout. Paged caches have no blocked form.
+reads, while a 16-key step still finds all of its blocks within one page (P * D elements); with
+each block one run of the whole length instead, dense on the blocked K measured up to 5.8%
+slower than on the standard K (C DRAM streams a step; H200, docs/BENCHMARKS.md). V keeps the
+standard layout. Paged caches have no blocked form.
 
 The helpers take NumPy or CuPy arrays (any dtype, bfloat16 as uint16); to_blocked / from_blocked
 return a new C-contiguous array of the same library and dtype, write_rows / write_token write into

@@ -1,5 +1,5 @@
 """Dense attention and the decoder's K append on a feature-blocked K (issue 17 item 2; key_layout
-"blocked": K [B, KVH, C, L_max, FB], santa_cupy/key_layout.py) on the GPU.
+"blocked": K [B, KVH, NP, C, P, FB], santa_cupy/key_layout.py) on the GPU.
 
 (a) decode_dense_mma_blocked equals decode_dense_mma on the standard K bit for bit (the same K
     words in the same registers, the same arithmetic in the same order) for the same splits: B = 3,
