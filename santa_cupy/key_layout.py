@@ -24,7 +24,7 @@ import numbers
 from santa_cupy import spec
 
 KEY_LAYOUTS = ("standard", "blocked")
-KEY_PAGE_ROWS = 64          # P: SC_KEY_PAGE_ROWS (cuda/tile.cuh)
+KEY_PAGE_ROWS = 64          # P: SC_KEY_PAGE_ROWS (cuda/common.cuh)
 
 __all__ = ["KEY_LAYOUTS", "KEY_PAGE_ROWS", "to_blocked", "from_blocked", "blocked_shape", "blocked_rows",
            "write_rows", "write_token", "check_key_layout"]
@@ -113,18 +113,25 @@ def from_blocked(kb, length=None):
 
 def write_rows(kb, start, k):
     """Rows start .. start + T - 1 of every sequence of a blocked K from k [B, T, KVH, D] (standard
-    layout), in place, page by page. ValueError for rows past the blocked K's."""
+    layout), in place: at most three assignments (a partial first page, the whole pages, a partial
+    last page). ValueError for rows past the blocked K's."""
     B, KVH, NP, C, P, FB = _check_blocked(kb)
-    T = int(k.shape[1])
-    if start < 0 or start + T > NP * P:
-        raise ValueError(f"rows {start}..{start + T - 1} are outside the blocked K's 0..{NP * P - 1}")
+    end = start + int(k.shape[1])
+    if start < 0 or end > NP * P:
+        raise ValueError(f"rows {start}..{end - 1} are outside the blocked K's 0..{NP * P - 1}")
     j = start
-    while j < start + T:
+    while j < end:
         page, lo = divmod(j, P)
-        n = min(P - lo, start + T - j)
-        rows = k[:, j - start:j - start + n].reshape(B, n, KVH, C, FB)
-        kb[:, :, page, :, lo:lo + n, :] = rows.transpose(0, 2, 3, 1, 4)
-        j += n
+        if lo == 0 and end - j >= P:                      # whole pages
+            pages = (end - j) // P
+            rows = k[:, j - start:j - start + pages * P].reshape(B, pages, P, KVH, C, FB)
+            kb[:, :, page:page + pages] = rows.transpose(0, 3, 1, 4, 2, 5)
+            j += pages * P
+        else:                                             # part of one page
+            n = min(P - lo, end - j)
+            rows = k[:, j - start:j - start + n].reshape(B, n, KVH, C, FB)
+            kb[:, :, page, :, lo:lo + n, :] = rows.transpose(0, 2, 3, 1, 4)
+            j += n
 
 
 def write_token(kb, seqs, pos, k):

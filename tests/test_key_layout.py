@@ -49,7 +49,7 @@ def test_write_rows_and_token_fill_the_layout():
     want = key_layout.to_blocked(k, FB)
     kb = np.zeros_like(want)
     key_layout.write_rows(kb, 0, k[:, :60])
-    key_layout.write_rows(kb, 60, k[:, 60:131])            # pages 0 .. 2
+    key_layout.write_rows(kb, 60, k[:, 60:131])            # part of page 0, page 1 whole, part of page 2
     for p in range(131, L):
         key_layout.write_token(kb, np.arange(B), np.full(B, p), k[:, p])
     assert np.array_equal(kb, want)
@@ -60,6 +60,9 @@ def test_write_rows_and_token_fill_the_layout():
     assert np.count_nonzero(one) == np.count_nonzero(k[[2, 0], [70, 3]])
     with pytest.raises(ValueError, match="outside the blocked K"):
         key_layout.write_rows(kb, L - 5, k[:, :P])
+    whole = np.zeros_like(want)                            # one assignment of whole pages, then the rest
+    key_layout.write_rows(whole, 0, k)
+    assert np.array_equal(whole, want)
 
 
 @pytest.mark.parametrize("shape,FB,match", [((2, 3, 64), 16, "rank 4"), ((2, 3, 1, 40), 16, "multiple of key_block"),
