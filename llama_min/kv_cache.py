@@ -100,8 +100,8 @@ class KVCache:
         the cache arrays themselves, or with a blocked K its first n rows converted (a copy) and
         a view of V's; paged: the sequences' pages gathered)."""
         if self.key_block is not None:
-            from santa_cupy.key_layout import KEY_PAGE_ROWS, from_blocked
-            return from_blocked(self.k[layer][:, :, :-(-n // KEY_PAGE_ROWS)], n), self.v[layer][:, :n]
+            from santa_cupy.key_layout import from_blocked
+            return from_blocked(self.k[layer], n), self.v[layer][:, :n]
         return self.k[layer], self.v[layer]
 
     def advance(self, on_device: bool = True):

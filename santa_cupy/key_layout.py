@@ -100,14 +100,16 @@ def to_blocked(k, key_block):
 
 def from_blocked(kb, length=None):
     """kb [B, KVH, NP, C, P, FB] -> k [B, length, KVH, C * FB] (to_blocked's inverse; length None:
-    all NP * P rows). ValueError for a rank other than 6, an FB not in spec.KEY_BLOCKS, pages of
-    other than KEY_PAGE_ROWS rows or a length outside 0 .. NP * P."""
+    all NP * P rows; only the pages holding the first ``length`` rows are read). ValueError for a
+    rank other than 6, an FB not in spec.KEY_BLOCKS, pages of other than KEY_PAGE_ROWS rows or a
+    length outside 0 .. NP * P."""
     xp = _module(kb)
     B, KVH, NP, C, P, FB = _check_blocked(kb)
     rows = NP * P if length is None else int(length)
     if not 0 <= rows <= NP * P:
         raise ValueError(f"length must be in 0..{NP * P} (the blocked K's rows), got {length!r}")
-    k = kb.transpose(0, 2, 4, 1, 3, 5).reshape(B, NP * P, KVH, C * FB)
+    pages = -(-rows // P)
+    k = kb[:, :, :pages].transpose(0, 2, 4, 1, 3, 5).reshape(B, pages * P, KVH, C * FB)
     return xp.ascontiguousarray(k[:, :rows])
 
 
