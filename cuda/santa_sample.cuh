@@ -149,3 +149,74 @@ __device__ __forceinline__ void tile_counts(int* cnt, const float* cum, const He
         }
     }
 }
+
+// ---- the two-level systematic comb (santa_tile_warp, and santa_tile on the two-pass route) ----
+// A tile's rows fall in NS = BN / SC_SEG_ROWS segments of 32; the score pass writes each segment's
+// (max m_c, exp-sum l_c) to seg_s[b, h, t, c]. Level 1 (segment_comb) spreads the tile's n comb
+// points over its segments by their masses M_c = l_c exp(m_c - m_t), the slope over their float32
+// sum (the counts' normaliser: the tile's last segment takes the rest); level 2
+// (segment_row_counts) spreads a segment's points over its 32 rows by the rows' re-summed
+// cumulative exp-sum x_j, the slope rescaled by M_c / x_last (the segment's last row takes the
+// rest). In exact arithmetic these are the one-level comb's counts (points at (k + off) / a of the
+// tile's mass); in float32 a point may move across a row boundary. Only segments holding a point
+// read their scores: 32 rows a point at most, instead of the tile's BN rows of every head.
+// Lanes own segments: lane p = hl * NS + c, segment c of the warp's head hl.
+struct SegmentComb {
+    float a;     // level-1 slope times M_c (level 2 divides it by the segment's re-summed exp-sum)
+    float off;   // offset of the segment's first point, in points (the one-level comb's off, rebased)
+    float m;     // m_t of the segment's head
+    int n;       // points in the segment
+};
+
+// Level 1 for the lane's segment (valid: the lane owns one; sw, off, n: its head's draw with
+// l_t = 1, i.e. a = sw; m_t its head's tile max; seg its (m_c, l_c)); nrows >= 1 rows in the
+// tile. Returns the ballot of segments holding points. Whole warp.
+template <int BN>
+__device__ __forceinline__ unsigned segment_comb(SegmentComb& sc, bool valid, float sw, float off, int n,
+                                                 float m_t, float2 seg, int nrows) {
+    constexpr int NS = BN / SC_SEG_ROWS;
+    const int lane = threadIdx.x & 31, c = lane % NS;
+    const int c_last = (nrows - 1) / SC_SEG_ROWS;          // segments past it hold no rows
+    const float M = valid && c <= c_last ? __fmul_rn(seg.y, __expf(seg.x - m_t)) : 0.f;
+    float P = M;                                           // inclusive sum over the head's segments
+#pragma unroll
+    for (int o = 1; o < NS; o <<= 1) {
+        const float x = __shfl_up_sync(0xffffffffu, P, o);
+        if (c >= o) P = __fadd_rn(P, x);
+    }
+    HeadDraw d;
+    d.a = __fdiv_rn(sw, __shfl_sync(0xffffffffu, P, lane - c + c_last));
+    d.off = off;
+    d.n = n;
+    const int N = c >= c_last ? n : comb_below(d, P);      // points below the segment's end
+    int N_prev = __shfl_up_sync(0xffffffffu, N, 1);
+    float P_prev = __shfl_up_sync(0xffffffffu, P, 1);
+    if (c == 0) { N_prev = 0; P_prev = 0.f; }
+    sc.n = valid ? N - N_prev : 0;
+    sc.off = __fsub_rn(__fadd_rn((float)N_prev, off), __fmul_rn(d.a, P_prev));
+    sc.a = __fmul_rn(d.a, M);
+    sc.m = m_t;
+    return __ballot_sync(0xffffffffu, sc.n > 0);
+}
+
+// Level 2 for segment p (warp-uniform; sc: segment_comb's, held by lane p) of a tile of nrows
+// rows: lane i's row c * 32 + i (c = p % NS) with score s (any value past nrows) gets its count
+// into cnt_h[row] (cnt_h: the segment's head's [BN] counts). Returns the ballot of rows with a count.
+template <int BN>
+__device__ __forceinline__ unsigned segment_row_counts(int* cnt_h, const SegmentComb& sc, int p, float s, int nrows) {
+    constexpr int NS = BN / SC_SEG_ROWS;
+    const int lane = threadIdx.x & 31, c = p % NS, row = c * SC_SEG_ROWS + lane;
+    const float a = __shfl_sync(0xffffffffu, sc.a, p), m_t = __shfl_sync(0xffffffffu, sc.m, p);
+    HeadDraw d;
+    d.off = __shfl_sync(0xffffffffu, sc.off, p);
+    d.n = __shfl_sync(0xffffffffu, sc.n, p);
+    const float x = warp_inclusive_scan(row < nrows ? __expf(s - m_t) : 0.f);
+    const float X = __shfl_sync(0xffffffffu, x, 31);
+    d.a = X > 0.f ? __fdiv_rn(a, X) : 0.f;
+    const int last = min(c * SC_SEG_ROWS + SC_SEG_ROWS - 1, nrows - 1);
+    const int N = row >= last ? d.n : comb_below(d, x);
+    int prev = __shfl_up_sync(0xffffffffu, N, 1);
+    if (lane == 0) prev = 0;
+    cnt_h[row] = N - prev;
+    return __ballot_sync(0xffffffffu, N > prev);
+}

@@ -229,6 +229,42 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
     assert len({r.get().tobytes() for r in runs[:10]}) > 1, "steps drew identical samples"
 
 
+@pytest.mark.parametrize("score_kernel", ["mma", "stream"])
+def test_two_level_comb_unbiased_at_max_samples(score_kernel):
+    """The two-level comb (segments, then rows; cuda/santa_sample.cuh) at spec.MAX_SAMPLES: a heavy
+    row of ~half the mass in segment 1 of tile 0, the rest spread over 200 rows (2 tiles, the
+    second partial). Over 400 steps each row's mean count is within 4.5 standard errors of S p
+    (p: the softmax of the kernel's own stash, in float64; a row's count is floor(S p) or
+    ceil(S p)), and every step draws exactly S. (float32 quantisation of the comb points would
+    show here as in tests/test_comb_precision.py.)"""
+    import cupy
+    S, L, steps = spec.MAX_SAMPLES, 200, 400
+    gen = np.random.default_rng(5)
+    q = np.zeros((1, 1, 64), np.float32)
+    q[0, 0, 0] = 8.0                                  # scale 1/8: scores = k[:, 0]
+    k = np.zeros((1, L, 1, 64), np.float32)
+    k[0, :, 0, 0] = gen.normal(0, 1.0, L)
+    k[0, 45, 0, 0] = 6.0
+    v = gen.standard_normal((1, L, 1, 64)).astype(np.float32)
+    qg, kg, vg, lg = to_gpu(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), np.array([L], np.int32))
+    plan = DecodePlan(batch=1, heads=1, kv_heads=1, head_dim=64, max_length=L, dtype="float16", samples=S,
+                      seed=7, block_n=128, score_kernel=score_kernel)
+    counts = []
+    for _ in range(steps):
+        counts.append(plan.sample_counts(qg, kg, lg)[0, 0])
+        plan.advance()
+    counts = cupy.stack(counts).get().astype(np.float64)         # [steps, L]
+    assert (counts.sum(-1) == S).all()
+    s = plan.scores.get()[0, 0].astype(np.float64)
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    assert 0.3 < p.max() < 0.7
+    frac = S * p - np.floor(S * p)
+    se = np.sqrt(np.maximum(frac * (1 - frac), 1.0 / steps) / steps)
+    z = np.abs(counts.mean(0) - S * p) / se
+    assert z.max() < 4.5, f"row {z.argmax()}: z {z.max():.1f}"
+
+
 def _skip_without_mma_gather(warp_kernel, dtype, D):
     if warp_kernel.startswith("warp") and not kernels.mma_supported(dtype, D):
         pytest.skip("the warp pass 2 follows the tensor-core score pass: fp16/bf16 at head_dim 64/128 only")
