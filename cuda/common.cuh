@@ -18,7 +18,6 @@ typedef unsigned short u16;
 #define SC_CHUNK 8               // elements of a head_dim row owned by one thread
 #define SC_MAX_G 16              // largest GQA group (spec.MAX_G)
 #define SC_KEY_PAGE_ROWS 64      // rows a page of the feature-blocked K (key_layout.KEY_PAGE_ROWS)
-#define SC_SEG_ROWS 32           // rows of a tile segment: the two-level comb's unit (spec.SEGMENT_ROWS)
 
 // ---- storage types -------------------------------------------------------------------------
 struct f16_t { u16 bits; };     // IEEE half, stored as bits

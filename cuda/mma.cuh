@@ -301,13 +301,6 @@ struct OnlineStats {
         l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
         m = m_new;
     }
-    // Add the keys of another (m, l) (a segment's): l = l e^(m - m') + l_o e^(m_o - m').
-    __device__ __forceinline__ void merge(const OnlineStats& o) {
-        const float m_new = max_nan(m, o.m);
-        if (m_new == -SC_INF) return;
-        l = l * __expf(m - m_new) + o.l * __expf(o.m - m_new);
-        m = m_new;
-    }
     // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
     __device__ __forceinline__ void reduce_group() {
         float m_all = m;

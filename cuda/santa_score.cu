@@ -2,10 +2,8 @@
 //
 // grid (T_max, KVH, B), block SC_NTHREADS; tile t covers rows [t*BN, min((t+1)*BN, n_b)).
 // K rows are streamed into registers (stream.cuh), scores land in shared memory, then
-// scores[b, h, j] (float32, natural-log scale) is written for j < n_b,
-// part_s[b, h, t] = (m_t, l_t, 0, 0) and, for the two-level comb of pass 2 (santa_sample.cuh),
-// seg_s[b, h, t, c] = (max, exp-sum) of the tile's 32-row segment c (-inf, 0 past n_b).
-// Tiles past n_b exit at once.
+// scores[b, h, j] (float32, natural-log scale) is written for j < n_b and
+// part_s[b, h, t] = (m_t, l_t, 0, 0). Tiles past n_b exit at once.
 //
 // Shared memory: s [G][BN] f32 | m, l [G] f32
 // Versions: santa_score (FMA, any dtype and head_dim: the generic fallback) and santa_score_mma
@@ -16,27 +14,15 @@
 #include "stream.cuh"
 #include "mma.cuh"
 
-// Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows, its
-// stats into part_s[b, h, t] = (m, l, 0, 0) and its segments' into seg_s[b, h, t, c] = (max,
-// exp-sum) of rows [32 c, 32 c + 32) (a warp a segment); head0 = b * H + g * G. Whole block.
+// Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
+// its stats into part_s[b, h, t] = (m, l, 0, 0); head0 = b * H + g * G. Whole block.
 template <int BN>
-__device__ __forceinline__ void write_tile_stash(float* scores, float4* part_s, float2* seg_s, const float* s,
-                                                 const float* m, const float* l, int G, i64 head0, i64 L_max,
-                                                 i64 row0, int nrows, int T_max, int t) {
-    constexpr int NS = BN / SC_SEG_ROWS;
+__device__ __forceinline__ void write_tile_stash(float* scores, float4* part_s, const float* s, const float* m,
+                                                 const float* l, int G, i64 head0, i64 L_max, i64 row0, int nrows,
+                                                 int T_max, int t) {
     for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
         const int h = idx / BN, j = idx % BN;
         if (j < nrows) scores[(head0 + h) * L_max + row0 + j] = s[idx];
-    }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int p = warp; p < G * NS; p += SC_NTHREADS / 32) {
-        const int h = p / NS, j = (p % NS) * SC_SEG_ROWS + lane;
-        const float x = j < nrows ? s[h * BN + j] : -SC_INF;
-        float mx = x;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float sum = warp_sum(mx == -SC_INF ? 0.f : __expf(x - mx));
-        if (lane == 0) seg_s[((head0 + h) * T_max + t) * NS + p % NS] = make_float2(mx, sum);
     }
     __syncthreads();
     for (int h = threadIdx.x; h < G; h += SC_NTHREADS)
@@ -47,7 +33,7 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
             float scale, int H, int KVH, i64 L_max, int T_max, float* __restrict__ scores,
-            float4* __restrict__ part_s, float2* __restrict__ seg_s,
+            float4* __restrict__ part_s,
             const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     const int t = blockIdx.x, g = blockIdx.y;
@@ -64,7 +50,7 @@ santa_score(const T* __restrict__ q, const T* __restrict__ k_cache, const int* _
     stream_tile_scores<T, D, G, BN>(s, gq, SC_CACHE_ROWS(k_cache), b, row0, nrows, g);
     __syncthreads();
     tile_stats<BN>(m, l, s, G, nrows);
-    write_tile_stash<BN>(scores, part_s, seg_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
+    write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
     pdl_launch_dependents();
 }
 
@@ -100,10 +86,8 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 template <typename T, int D, int BN, int G, typename Run = KeyRun<T, D, BN>, typename Query, typename KRows>
 __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n, float scale,
                                           i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
-                                          i64 head0, float* __restrict__ scores, float4* __restrict__ part_s,
-                                          float2* __restrict__ seg_s) {
+                                          i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
-    constexpr int NS = BN / SC_SEG_ROWS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
     // This thread's stash rows: head gi (and gi + 8); 8-byte aligned pairs when the row starts even.
@@ -121,7 +105,7 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
         // Tile t + 1 if the warp owns it, else the empty range [row0, row0): its first step loads nothing.
         const bool has_next = t + 1 < t_end;
         const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
-        OnlineStats lo, hi, seg_lo, seg_hi;              // the tile's, the current 32-row segment's
+        OnlineStats lo, hi;
         kr.score_tile(mq, t - t_begin, K, b, row0, row_end, next0, next_end, g, gi, tq,
                       [&](int st, int j, const float (&acc)[4]) {
             const int c = 16 * st + 8 * j;
@@ -130,24 +114,12 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
             for (int e = 0; e < 4; ++e) sc[e] = c + (e & 1) < lim ? acc[e] * scale : -SC_INF;
             if (own_lo) stash_pair(stash_lo + row0, pairs_lo, c, tq, lim, sc[0], sc[1]);
             if (own_hi) stash_pair(stash_hi + row0, pairs_hi, c, tq, lim, sc[2], sc[3]);
-            seg_lo.push2(sc[0], sc[1]);
-            if (kHi) seg_hi.push2(sc[2], sc[3]);
-            if (c % SC_SEG_ROWS == SC_SEG_ROWS - 8) {    // the segment's last 8 keys: its stats, then the tile's
-                const int seg = c / SC_SEG_ROWS;
-                seg_lo.reduce_group();
-                if (tq == 0 && own_lo) seg_s[((head0 + gi) * T_max + t) * NS + seg] = make_float2(seg_lo.m, seg_lo.l);
-                lo.merge(seg_lo);
-                seg_lo = OnlineStats();
-                if (kHi) {
-                    seg_hi.reduce_group();
-                    if (tq == 0 && own_hi)
-                        seg_s[((head0 + gi + 8) * T_max + t) * NS + seg] = make_float2(seg_hi.m, seg_hi.l);
-                    hi.merge(seg_hi);
-                    seg_hi = OnlineStats();
-                }
-            }
+            lo.push2(sc[0], sc[1]);
+            if (kHi) hi.push2(sc[2], sc[3]);
         });
-        if (tq == 0) {                                   // lo, hi: merged group-wide segment stats
+        lo.reduce_group();
+        if (kHi) hi.reduce_group();
+        if (tq == 0) {
             if (own_lo) part_s[(head0 + gi) * T_max + t] = make_float4(lo.m, lo.l, 0.f, 0.f);
             if (own_hi) part_s[(head0 + gi + 8) * T_max + t] = make_float4(hi.m, hi.l, 0.f, 0.f);
         }
@@ -159,7 +131,7 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, int batch,
                 float* __restrict__ scores,
-                float4* __restrict__ part_s, float2* __restrict__ seg_s, int santa_from,
+                float4* __restrict__ part_s, int santa_from,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
@@ -183,7 +155,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         MmaQuery<T, D, G> mq;
         mq.load(q, head0, lane >> 2, lane & 3);
         score_run<T, D, BN, G>(mq, SC_CACHE_ROWS(k_cache), n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
-                               scores, part_s, seg_s);
+                               scores, part_s);
     }
     pdl_launch_dependents();
 }

@@ -28,7 +28,7 @@
 //   the rows [t*BN, min((t+1)*BN, n_b)); blocks past n_b exit at once. Writes exactly what
 //   santa_score writes (santa_prefix, santa_tile and santa_merge follow unchanged): scores[b, h, j]
 //   = scale * sum_{c read} key_weight[b, g, c] * q_h[c] . K_j[c] (float32, for j < n_b) and
-//   part_s[b, h, t] = (m_t, l_t, 0, 0) and seg_s (its segments' stats). It reads key_weight and only the runs of the blocks with a
+//   part_s[b, h, t] = (m_t, l_t, 0, 0). It reads key_weight and only the runs of the blocks with a
 //   nonzero weight (the union over the draws), in units of one tile and 32 features: one read block
 //   (FB 32) or two (FB 16). Thread i owns the 16-byte piece i mod 4 of the unit's rows
 //   i / 4 + 32 m (m < BN / 32), so a warp reads 8 rows x 64 contiguous bytes of each run it touches
@@ -172,8 +172,7 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS, 3)
 santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                  int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
-                 const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s,
-                 float2* __restrict__ seg_s) {
+                 const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(BN % 32 == 0, "whole passes of 32 rows");
     constexpr int kMaxC = D / 16, kRows = BN / 32;        // rows a thread owns in a unit
@@ -276,7 +275,7 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
         }
         __syncthreads();
         tile_stats<BN>(m, l, s, G, nrows);
-        write_tile_stash<BN>(scores, part_s, seg_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
+        write_tile_stash<BN>(scores, part_s, s, m, l, G, b * H + (i64)g * G, L_max, row0, nrows, T_max, t);
     }
     pdl_launch_dependents();
 }
@@ -285,8 +284,7 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
 template <typename T, int D, int BN, int G, int NG>
 __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 groups, const T* kb, i64 L_max,
                                               int KVH, int FB, int n, float scale, int T_max, int t_begin, int t_end,
-                                              i64 b, int g, i64 head0, float* scores, float4* part_s,
-                                              float2* seg_s) {
+                                              i64 b, int g, i64 head0, float* scores, float4* part_s) {
     const int lane = threadIdx.x & 31, tq = lane & 3;
     int gid[NG];
 #pragma unroll
@@ -306,7 +304,7 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
     for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * SC_KEY_PAGE_ROWS;
     K.pieces = mq.read_pieces();
     score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
-                                                        scores, part_s, seg_s);
+                                                        scores, part_s);
 }
 
 // santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
@@ -321,8 +319,7 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                      int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
-                     const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s,
-                     float2* __restrict__ seg_s) {
+                     const float* __restrict__ key_weight, float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
     static_assert(G >= 1 && G <= 16, "mma key scores: one m16 tile of heads");
@@ -345,14 +342,14 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     // 4 groups; D 64: 1 of 2.
     if (ng == 1) {
         score_compact<T, D, BN, G, 1>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
-                                      head0, scores, part_s, seg_s);
+                                      head0, scores, part_s);
         pdl_launch_dependents();
         return;
     }
     if constexpr (D == 128) {
         if (ng == 2) {
             score_compact<T, D, BN, G, 2>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
-                                          head0, scores, part_s, seg_s);
+                                          head0, scores, part_s);
             pdl_launch_dependents();
             return;
         }
@@ -366,6 +363,6 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     K.KVH = KVH;
     K.FB = FB;
     K.pieces = mq.read_pieces(tq);
-    score_run<T, D, BN, G>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s, seg_s);
+    score_run<T, D, BN, G>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
     pdl_launch_dependents();
 }

@@ -38,8 +38,7 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
            const int* __restrict__ lengths, float scale, int H, int KVH, i64 L_max, int T_max,
            int budget, int sampler, int samples, int mode, int own_scores, u64 seed, const i64* __restrict__ step,
-           int layer, int head_offset, const float* __restrict__ scores, const float2* __restrict__ seg_s,
-           const double* __restrict__ cdf,
+           int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
            const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
            int* __restrict__ counts, int* __restrict__ rows_read,
            const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
@@ -89,13 +88,10 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
             cnt[idx] = j < nrows ? counts[(head0 + h) * L_max + row0 + j] : 0;
         }
     } else {
-        // the two-pass systematic route counts by santa_tile_warp's two-level comb, from the same
-        // stash and segment stats (the draws' slope: sw, l_t = 1)
-        const bool two_level = sampler == SC_SAMPLER_SYSTEMATIC && !own_scores;
         if (threadIdx.x < G) {
             const int h = threadIdx.x;
             const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(head_offset + g * G + h));
-            setup_head_draw(&draws[h], budget, sampler, samples, key, t, n_tiles, two_level ? 1.f : l[h],
+            setup_head_draw(&draws[h], budget, sampler, samples, key, t, n_tiles, l[h],
                             cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
         }
         __syncthreads();
@@ -104,48 +100,24 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
         bool any_points = false;
         for (int h = 0; h < G; ++h) any_points |= draws[h].n > 0 || draws[h].k_end > draws[h].k_begin;
         if (!any_points) return;
-        if (two_level) {
-            for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) cnt[idx] = 0;
-            __syncthreads();
-            // warp w: the heads [h0, h0 + HW) for h0 = w HW, w HW + 4 HW, ..., a lane a segment
-            constexpr int NS = BN / SC_SEG_ROWS, HW = 32 / NS;
-            const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-            for (int h0 = warp * HW; h0 < G; h0 += (SC_NTHREADS / 32) * HW) {
-                const bool valid = h0 + lane / NS < G;
-                const int h = valid ? h0 + lane / NS : h0;
-                const HeadDraw& d = draws[h];
-                const float2 seg = valid ? seg_s[((head0 + h) * T_max + t) * NS + lane % NS]
-                                         : make_float2(-SC_INF, 0.f);
-                SegmentComb sc;
-                unsigned mask = segment_comb<BN>(sc, valid, d.a, d.off, d.n, m[h], seg, nrows);
-                while (mask) {                   // warp-uniform
-                    const int p = __ffs(mask) - 1;
-                    mask &= mask - 1u;
-                    const int row = (p % NS) * SC_SEG_ROWS + lane;
-                    const float sv = row < nrows ? scores[(head0 + h0 + p / NS) * L_max + row0 + row] : -SC_INF;
-                    segment_row_counts<BN>(cnt + (h0 + p / NS) * BN, sc, p, sv, nrows);
-                }
-            }
-        } else {
-            for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
-                const int h = idx / BN, j = idx % BN;
-                float sc = 0.f;
-                if (j < nrows)
-                    sc = own_scores ? cum[idx] : scores[(head0 + h) * L_max + row0 + j];
-                cum[idx] = j < nrows ? __expf(sc - m[h]) : 0.f;
-                cnt[idx] = 0;
-            }
-            __syncthreads();
-            tile_cumsum<BN>(cum, G);
-            __syncthreads();
-            if (threadIdx.x < G) {                   // the counts' normaliser: the exp-sum as summed here
-                const int h = threadIdx.x;
-                setup_head_draw(&draws[h], budget, sampler, samples, draws[h].key, t, n_tiles,
-                                cum[h * BN + nrows - 1], cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
-            }
-            __syncthreads();
-            tile_counts<BN>(cnt, cum, draws, G, nrows, budget, sampler, samples, t);
+        for (int idx = threadIdx.x; idx < G * BN; idx += SC_NTHREADS) {
+            const int h = idx / BN, j = idx % BN;
+            float sc = 0.f;
+            if (j < nrows)
+                sc = own_scores ? cum[idx] : scores[(head0 + h) * L_max + row0 + j];
+            cum[idx] = j < nrows ? __expf(sc - m[h]) : 0.f;
+            cnt[idx] = 0;
         }
+        __syncthreads();
+        tile_cumsum<BN>(cum, G);
+        __syncthreads();
+        if (threadIdx.x < G) {                   // the counts' normaliser: the exp-sum as summed here
+            const int h = threadIdx.x;
+            setup_head_draw(&draws[h], budget, sampler, samples, draws[h].key, t, n_tiles, cum[h * BN + nrows - 1],
+                            cdf + (head0 + h) * T_max, alloc + (head0 + h) * T_max);
+        }
+        __syncthreads();
+        tile_counts<BN>(cnt, cum, draws, G, nrows, budget, sampler, samples, t);
     }
     __syncthreads();
     if (mode == SC_MODE_SAMPLE) {
@@ -242,6 +214,22 @@ __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
     for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
 }
 
+// One tile's stash scores for the G heads into registers: lane holds rows lane * R .. + R - 1 of
+// every head (-inf past nrows); src = the group's first head at the tile's first row, head h at
+// src + h * stride (the stash: L_max). Issued a tile ahead, they fly while the previous tile gathers.
+template <int BN, int G>
+__device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const float* src, i64 stride, int nrows) {
+    constexpr int R = BN / 32;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            sc[h][i] = j < nrows ? src[h * stride + j] : -SC_INF;
+        }
+}
+
 // The rows of a tile that any head selected, in row order, into rows[] (lane owns rows
 // lane * R .. + R - 1, any_row[i] for its i-th); returns how many (every lane).
 template <int R>
@@ -264,52 +252,58 @@ __device__ __forceinline__ int warp_list_rows(int* rows, const bool (&any_row)[R
     return __shfl_sync(0xffffffffu, incl, 31);
 }
 
-// Counts of one tile for the G heads into cnt[G][BN] (shared, this warp's) by the two-level comb
-// (santa_sample.cuh), and the ordered list of the selected rows (the union over the heads, row
-// order) into rows[]; returns how many. sc, mask: segment_comb's (lane p: segment p % NS of head
-// p / NS); sv: the scores of the first KP segments of mask, loaded ahead (lane i: row 32 c + i);
-// later ones are read here from stash (the group's first head at the tile's first row, head h at
-// stash + h * stride).
-template <int BN, int G, int KP>
-__device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const SegmentComb& sc, unsigned mask,
-                                                const float (&sv)[KP], const float* stash, i64 stride, int nrows) {
-    constexpr int NS = BN / SC_SEG_ROWS;
-    static_assert(BN % 4 == 0, "cnt in int4 stores");
+// Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
+// the ordered list of the selected rows (the union over the heads, row order) into rows[];
+// returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
+// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; sc = warp_tile_scores.
+template <int BN, int G>
+__device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
+                                                const float (&sc)[G][BN / 32], int nrows) {
+    constexpr int R = BN / 32;
     const int lane = threadIdx.x & 31;
-    for (int i = lane; i < G * BN / 4; i += 32) reinterpret_cast<int4*>(cnt)[i] = make_int4(0, 0, 0, 0);
-    __syncwarp();
-    unsigned sel[NS];                                      // rows with a count, by segment
+    bool any_row[R];
 #pragma unroll
-    for (int c = 0; c < NS; ++c) sel[c] = 0u;
-    auto segment = [&](int p, float s) {
-        const unsigned got = segment_row_counts<BN>(cnt + (p / NS) * BN, sc, p, s, nrows);
+    for (int i = 0; i < R; ++i) any_row[i] = false;
 #pragma unroll
-        for (int c = 0; c < NS; ++c)
-            if (c == p % NS) sel[c] |= got;
-    };
+    for (int h = 0; h < G; ++h) {
+        HeadDraw d;
+        d.a = __shfl_sync(0xffffffffu, my.a, h);
+        d.off = __shfl_sync(0xffffffffu, my.off, h);
+        d.n = __shfl_sync(0xffffffffu, my.n, h);
+        const float m_h = __shfl_sync(0xffffffffu, my_m, h);
+        float c[R];
 #pragma unroll
-    for (int k = 0; k < KP; ++k) {
-        if (mask == 0u) break;
-        const int p = __ffs(mask) - 1;
-        mask &= mask - 1u;
-        segment(p, sv[k]);
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            c[i] = j < nrows ? __expf(sc[h][i] - m_h) : 0.f;
+        }
+        float run = 0.f;                                   // tile_cumsum's order
+#pragma unroll
+        for (int i = 0; i < R; ++i) { run += c[i]; c[i] = run; }
+        const float before = warp_inclusive_scan(run) - run;
+#pragma unroll
+        for (int i = 0; i < R; ++i) c[i] += before;
+        // the slope over this sum: the counts' normaliser is the tile's exp-sum as summed here
+        // (the reference's l_t = cum at the last row), so the last row gets no points of rounding
+        d.a = __fdiv_rn(d.a, __shfl_sync(0xffffffffu, c[R - 1], 31));
+        int cb[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) cb[i] = comb_below(d, c[i]);
+        const int prev_last = __shfl_up_sync(0xffffffffu, cb[R - 1], 1);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int j = lane * R + i;
+            int count = 0;
+            if (j < nrows) {
+                const int upto = (j == nrows - 1) ? d.n : cb[i];
+                const int below = j == 0 ? 0 : (i == 0 ? prev_last : cb[i - 1]);
+                count = upto - below;
+            }
+            cnt[h * BN + j] = count;
+            any_row[i] |= count > 0;
+        }
     }
-    while (mask) {
-        const int p = __ffs(mask) - 1;
-        mask &= mask - 1u;
-        const int row = (p % NS) * SC_SEG_ROWS + lane;
-        segment(p, row < nrows ? stash[(p / NS) * stride + row] : -SC_INF);
-    }
-    __syncwarp();
-    int nsel = 0;
-    const unsigned below = (1u << lane) - 1u;
-#pragma unroll
-    for (int c = 0; c < NS; ++c) {
-        if ((sel[c] >> lane) & 1u) rows[nsel + __popc(sel[c] & below)] = c * SC_SEG_ROWS + lane;
-        nsel += __popc(sel[c]);
-    }
-    __syncwarp();
-    return nsel;
+    return warp_list_rows<R>(rows, any_row);
 }
 
 // Gather-add of the nsel selected rows of one tile (first row row0), staged through shared memory
@@ -414,8 +408,7 @@ template <typename T, int D, int BN, int G, int kGather, bool kFinish>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, int head_offset, const float* __restrict__ scores, const float2* __restrict__ seg_s,
-                const double* __restrict__ cdf,
+                int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
@@ -483,24 +476,18 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
 #pragma unroll
     for (int h = 0; h < G; ++h) m2p[h] = 0.f;
     // A tile's work is a chain: its inputs (lane h < G: head h's pass-1 (m, l), the prefix's C_t,
-    // the allocation; lane p < G * NS: segment p % NS of head p / NS, its (m_c, l_c)) decide its
-    // comb and which segments hold points (level 1); those segments' stash scores give the counts
-    // (level 2) and so the V rows. The chain is pipelined across tiles: inputs are loaded two
-    // tiles ahead, and the next tile's level 1 is done (and the scores of its first KP segments
-    // with points issued) before this tile's gather, so its DRAM round trip overlaps this tile's.
+    // the allocation) decide its comb; the comb says whether its stash scores are needed; the
+    // scores give the counts and so the V rows. The chain is pipelined across tiles: inputs are
+    // loaded two tiles ahead, and the next tile's comb is set up (and its stash scores issued)
+    // before this tile's gather, so its DRAM round trip overlaps this tile's.
     // C_{t-1} is the previous tile's C_t, so only C_t travels ahead.
-    constexpr int NS = BN / SC_SEG_ROWS;
-    static_assert(G * NS <= 32, "warp tile: a lane a segment");
-    constexpr int KP = 2 * G < G * NS ? 2 * G : G * NS;   // segments whose scores are loaded ahead
+    constexpr int R = BN / 32;
     // A head whose log-sum-exp is not finite (NaN or inf in its scores) draws no points and its
     // output is NaN (finish_head).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
     const bool head_ok = lane < G ? isfinite(lse[head0 + lane]) : true;
-    const int seg_head = min(lane / NS, G - 1);      // the head of lane's segment (lanes >= G * NS: none)
-    const float2* seg_row = seg_s + (head0 + seg_head) * T_max * NS + lane % NS;
     auto cdf_at = [&](int t) { return cdf[head_row + t]; };
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
-    float2 seg_ahead = make_float2(-SC_INF, 0.f);   // (m_c, l_c): seg_s[., t, c]
     double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
     int alloc_ahead = 0;
     auto fetch = [&](int t) {
@@ -509,47 +496,32 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             cc_ahead = cdf_at(t);
             if (budget == SC_BUDGET_LR) alloc_ahead = alloc[head_row + t];
         }
-        if (lane < G * NS && t < t_end) seg_ahead = seg_row[(i64)t * NS];
     };
-    // The next tile's comb (lane h < G: head h), tile max, weight (fixed: (W_t / Z) / S_t), its
-    // segments' level 1 (lane p) and the ballot of those with points, and their first KP's scores.
+    // The next tile's comb (lane h < G: head h), tile max, weight (fixed: (W_t / Z) / S_t), whether
+    // any head has a comb point there, and its stash scores when one has.
     HeadDraw my_next;
-    SegmentComb seg_next;
-    unsigned mask_next = 0u;
-    float m_next = 0.f, w_next = 1.f, sv_next[KP];
+    float m_next = 0.f, w_next = 1.f, sc_next[G][R];
+    bool any_next = false;
     auto plan_tile = [&](int t) {                  // t < t_end; its inputs were fetched
-        const float2 st = st_ahead, seg = seg_ahead;
+        const float2 st = st_ahead;
         const double cp = c_before, cc = cc_ahead;
         const int alloc_t = alloc_ahead;
         c_before = cc;
         fetch(t + 1);
         if (lane < G && head_ok) {
             m_next = st.x;
-            // l_t = 1: the draw's slope a is the tile's points sw, divided by the sum of its
-            // segments' masses in segment_comb (the normaliser of the counts themselves)
+            // l_t = 1: the draw's slope a is the tile's points sw, divided by the tile's re-summed
+            // exp-sum in warp_tile_counts (the normaliser of the counts themselves)
             setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, 1.f, cp, cc,
                                  alloc_t);
             if (fixed) w_next = (float)(cc - cp) * inv_s_t;
         } else {
             my_next.n = 0; my_next.a = 0.f; my_next.off = 0.f; my_next.l = 0.f;
         }
-        const i64 row0 = (i64)t * BN;
-        const int nrows = (int)min((i64)BN, n - row0);
-        mask_next = segment_comb<BN>(seg_next, lane < G * NS, __shfl_sync(0xffffffffu, my_next.a, seg_head),
-                                     __shfl_sync(0xffffffffu, my_next.off, seg_head),
-                                     __shfl_sync(0xffffffffu, my_next.n, seg_head),
-                                     __shfl_sync(0xffffffffu, m_next, seg_head), seg, nrows);
-        unsigned mk = mask_next;
-#pragma unroll
-        for (int k = 0; k < KP; ++k) {
-            sv_next[k] = -SC_INF;
-            if (mk) {
-                const int p = __ffs(mk) - 1;
-                mk &= mk - 1u;
-                const int row = (p % NS) * SC_SEG_ROWS + lane;
-                if (row < nrows) sv_next[k] = scores[(head0 + p / NS) * L_max + row0 + row];
-            }
-        }
+        any_next = __ballot_sync(0xffffffffu, lane < G && my_next.n > 0) != 0u;
+        if (any_next)
+            warp_tile_scores<BN, G>(sc_next, scores + head0 * L_max + (i64)t * BN, L_max,
+                                    (int)min((i64)BN, n - (i64)t * BN));
     };
     fetch(t0);
     plan_tile(t0);
@@ -560,13 +532,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const i64 row0 = (i64)t * BN;
         const int nrows = (int)min((i64)BN, n - row0);
         const HeadDraw my = my_next;
-        const float my_w = w_next;
-        const bool any = mask_next != 0u;
-        // this tile's counts (into cnt, rows) free seg_next and sv_next for the next tile's, set up
+        const float my_m = m_next, my_w = w_next;
+        const bool any = any_next;
+        // this tile's counts (into cnt, rows) free sc_next for the next tile's scores, issued
         // before this tile's gather
-        const int nsel = any ? warp_tile_counts<BN, G, KP>(cnt, rows, seg_next, mask_next, sv_next,
-                                                            scores + head0 * L_max + row0, L_max, nrows)
-                             : 0;
+        const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows) : 0;
         if (t + 1 < t_end) plan_tile(t + 1);
         if constexpr (kPipe) {
             if (pend) {                      // the previous tile's rows have had this tile's counts to land

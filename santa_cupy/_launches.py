@@ -98,19 +98,17 @@ class _PlanLaunches:
         """santa_score / santa_score_mma, or with key sampling santa_key_blocks + santa_score_keys on
         the blocked K (key_pass.KeyScorePass: the same stash and tile stats)."""
         if self.key_pass is not None:
-            self.key_pass.launch(q, k_cache, lengths, self.step, layer, self.scores, self.part_s, self.seg_s,
-                                 launch=self._launch)
+            self.key_pass.launch(q, k_cache, lengths, self.step, layer, self.scores, self.part_s, launch=self._launch)
             return
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         common = (q, k_cache, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max))
         if self.score_kernel == "stream":
-            self._launch(self.kernels.score, (self.T_max, self.KVH, self.B),
-                         (*common, self.scores, self.part_s, self.seg_s, *pages))
+            self._launch(self.kernels.score, (self.T_max, self.KVH, self.B), (*common, self.scores, self.part_s, *pages))
         else:                                            # mma: one warp per run of score_tpw tiles
             kernel, smem = self._score_warp_kernel
             self._launch(kernel, (self.KVH, self._run_blocks(self.score_tpw)),
-                           (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, self.seg_s,
-                            i32(santa_from), *pages), smem)
+                           (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
+                            *pages), smem)
 
     def _prefix(self, lengths, rows_read=None, santa_from=0):
         i32, i64 = kernels.i32, kernels.i64
@@ -128,8 +126,8 @@ class _PlanLaunches:
         self._launch(self._warp_kernels[self.finish_in_kernel], (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
-                        u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.seg_s,
-                        self.cdf, self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
+                        u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,
+                        self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
                         i32(self.santa_from), *pages), self._warp_smem)
 
@@ -153,7 +151,7 @@ class _PlanLaunches:
                         i64(self.L_max), i32(self.T_max), i32(kernels.BUDGET_CODE[self.budget]),
                         i32(kernels.SAMPLER_CODE[self.sampler]), i32(self.samples),
                         i32(kernels.MODE_CODE[mode]), i32(not self.two_pass), u64(self.seed), self.step, i32(layer),
-                        i32(self.head_offset), self.scores, self.seg_s,
+                        i32(self.head_offset), self.scores,
                         self.cdf, self.alloc, self.part_s, self.part_o, counts, rows_read, *pages),
                        kernels.tile_smem_bytes(self.dtype, self.D, self.block_n, self.G))
 

@@ -26,10 +26,9 @@ import numpy as np
 SCALARS = {"int": np.int32, "unsigned": np.uint32, "i64": np.int64, "u64": np.uint64, "float": np.float32,
            "double": np.float64}
 # pointee types -> the dtype of the array passed for the pointer (bf16 travels as uint16 bits;
-# float2 and float4 arrays are float32 arrays whose last axis holds the components)
+# float4 arrays are float32 arrays whose last axis holds the 4 components)
 POINTEES = {"bf16_t": np.uint16, "f16_t": np.float16, "float": np.float32, "double": np.float64, "int": np.int32,
-            "unsigned": np.uint32, "i64": np.int64, "u64": np.uint64, "unsigned char": np.uint8, "float2": np.float32,
-            "float4": np.float32}
+            "unsigned": np.uint32, "i64": np.int64, "u64": np.uint64, "unsigned char": np.uint8, "float4": np.float32}
 
 _SCALAR_TYPES = frozenset(SCALARS.values()) | {np.uint16, np.float16, np.uint8}   # never a pointer's argument
 _KERNEL = re.compile(r"(?:template\s*<(?P<tparams>[^>]*)>\s*)?__global__\s+void\s+"

@@ -123,13 +123,13 @@ class KeyScorePass:
         self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
 
-    def launch(self, q, kb, lengths, step, layer, scores, part_s, seg_s, launch=kernels.launch):
+    def launch(self, q, kb, lengths, step, layer, scores, part_s, launch=kernels.launch):
         """The two kernels on the current stream: q [B, H, D], kb [B, KVH, NP, C, P, FB] (storage
         dtype), lengths [B] int32, step [1] int64 (device), layer int -> scores [B, H, L_max] float32
-        (rows j < lengths[b]), part_s [B, H, T_max, 4] float32 and seg_s [B, H, T_max, block_n // 32,
-        2] float32 (tiles of the lengths). ``launch``: kernels.launch or a plan's own (same arguments)."""
+        (rows j < lengths[b]) and part_s [B, H, T_max, 4] float32 (tiles of the lengths).
+        ``launch``: kernels.launch or a plan's own (same arguments)."""
         self.launch_blocks(q, step, layer, launch)
-        self.launch_scores(q, kb, lengths, scores, part_s, seg_s, launch)
+        self.launch_scores(q, kb, lengths, scores, part_s, launch)
 
     def launch_blocks(self, q, step, layer, launch=kernels.launch):
         """santa_key_blocks alone: key_weight, key_pi, blocks_read from q and the RNG keys."""
@@ -139,12 +139,12 @@ class KeyScorePass:
                 f64(self.budget), i32(self.combine), u64(self.seed), step, i32(layer), i32(self.kv_offset),
                 self.key_weight, self.key_pi, self.blocks_read), threads=32)
 
-    def launch_scores(self, q, kb, lengths, scores, part_s, seg_s, launch=kernels.launch):
+    def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
         """santa_score_keys(_mma) alone, on the blocks of the last launch_blocks."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
         launch(self._score, (self._grid_x, self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s, seg_s))
+                i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s))
 
     def key_fraction(self):
         """[B, KVH] float32 (a new CuPy array): the fraction of each K row's blocks read by the last
@@ -208,9 +208,8 @@ def gpu_key_scores(q, kb, lengths, setting, *, step=0, layer=0, scale=None):
                       setting=setting, scale=scale)
     scores = cupy.full((B, H, L_max), -np.inf, cupy.float32)
     part_s = cupy.empty((B, H, kp.T_max, 4), cupy.float32)
-    seg_s = cupy.empty((B, H, kp.T_max, block_n // spec.SEGMENT_ROWS, 2), cupy.float32)
     lens = cupy.ascontiguousarray(lengths, dtype=cupy.int32)
-    kp.launch(q, kb, lens, cupy.full((1,), int(step), cupy.int64), int(layer), scores, part_s, seg_s)
+    kp.launch(q, kb, lens, cupy.full((1,), int(step), cupy.int64), int(layer), scores, part_s)
     group_fraction = kp.blocks_read.astype(cupy.float64) / kp.C
     n = lens.astype(cupy.float64).reshape(B, 1)
     pi = kp.key_pi.astype(cupy.float64)

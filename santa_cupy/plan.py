@@ -221,9 +221,6 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
         self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
-        # the stash's 32-row segments' (max, exp-sum): pass 2's two-level comb (cuda/santa_sample.cuh)
-        self.seg_s = cupy.empty((B, H, self.T_max, self.block_n // spec.SEGMENT_ROWS, 2) if two_pass else (1,),
-                                cupy.float32)
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
         if not self.one_pass:                # one_pass: a view of its counters (below)

@@ -15,7 +15,6 @@ import numpy as np
 HEAD_DIMS = (64, 128, 256)
 MAX_G = 16  # largest GQA group size G = H // KVH
 BLOCK_NS = (64, 128)  # tile sizes (rows per tile)
-SEGMENT_ROWS = 32  # rows of a tile segment, the two-level comb's unit (SC_SEG_ROWS)
 DEFAULT_BLOCK_N = 128
 
 

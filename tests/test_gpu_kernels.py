@@ -230,13 +230,13 @@ def test_santa_unbiased_over_steps_on_gpu(budget, sampler, dtype, tile_kernel, t
 
 
 @pytest.mark.parametrize("score_kernel", ["mma", "stream"])
-def test_two_level_comb_unbiased_at_max_samples(score_kernel):
-    """The two-level comb (segments, then rows; cuda/santa_sample.cuh) at spec.MAX_SAMPLES: a heavy
-    row of ~half the mass in segment 1 of tile 0, the rest spread over 200 rows (2 tiles, the
-    second partial). Over 400 steps each row's mean count is within 4.5 standard errors of S p
-    (p: the softmax of the kernel's own stash, in float64; a row's count is floor(S p) or
-    ceil(S p)), and every step draws exactly S. (float32 quantisation of the comb points would
-    show here as in tests/test_comb_precision.py.)"""
+def test_comb_unbiased_at_max_samples_on_gpu(score_kernel):
+    """The in-tile systematic comb at spec.MAX_SAMPLES on the GPU (issue 15: float32 arithmetic
+    quantises comb points at large S; tests/test_comb_precision.py is the reference's): a heavy
+    row of ~half the mass in tile 0, the rest spread over 200 rows (2 tiles, the second partial).
+    Over 400 steps each row's mean count is within 4.5 standard errors of S p (p: the softmax of
+    the kernel's own stash, in float64; a row's count is floor(S p) or ceil(S p)), and every step
+    draws exactly S."""
     import cupy
     S, L, steps = spec.MAX_SAMPLES, 200, 400
     gen = np.random.default_rng(5)

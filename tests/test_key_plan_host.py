@@ -59,7 +59,7 @@ def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
     run = tpb * (4 if mma else 1)                       # tiles a block: 4 warps' runs, or the block's
     assert score[1] == (-(-(-(-L // block_n)) // run), KVH, B) and score[3][1] is kb
     assert int(score[3][8]) == tpb and int(score[3][9]) == 16
-    assert score[3][-3] is p.scores and score[3][-2] is p.part_s and score[3][-1] is p.seg_s
+    assert score[3][-2] is p.scores and score[3][-1] is p.part_s
     tile_args = tile[3]
     if warp:                                            # the key pass's stash, every sequence santa
         assert tile_args[14] is p.scores and int(tile_args[-1 - 4]) == 0

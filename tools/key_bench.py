@@ -66,7 +66,6 @@ def main() -> int:
     T_max = -(-L // args.block_n)
     scores = cupy.empty((B, H, L), cupy.float32)
     part_s = cupy.empty((B, H, T_max, 4), cupy.float32)
-    seg_s = cupy.empty((B, H, T_max, args.block_n // 32, 2), cupy.float32)
     k_bytes = B * L * KVH * D * itemsize
     print(f"B={B} H={H} KVH={KVH} D={D} L={L} {args.dtype} FB={FB} block_n={args.block_n}: K = {k_bytes / 1e6:.1f} MB")
     print(f"{'pass':44s} {'us':>9s} {'K MB read':>10s} {'TB/s':>6s} {'fraction':>8s} {'saving':>7s}")
@@ -80,11 +79,11 @@ def main() -> int:
         print(f"{name:44s} {us:9.1f} {k_bytes / 1e6:10.1f} {k_bytes / us / 1e6:6.2f} {1.0:8.3f}")
 
     for kernel in args.kernels:
-        bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, seg_s, k_bytes)
+        bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes)
     return 0
 
 
-def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, seg_s, k_bytes):
+def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes):
     """The blocked key pass with score kernel ``kernel`` at each of args.budgets."""
     B, H, KVH, D, L, FB = args.batch, args.heads, args.kv_heads, args.head_dim, args.length, args.key_block
     t_full = None
@@ -93,7 +92,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
                                    key_budget=budget, key_rule="uniform")
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
                           block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
-        us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s, seg_s), args.reps)
+        us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         us_blocks = time_us(cupy, lambda: kp.launch_blocks(q, step, 0), args.reps)
         fraction = float(kp.blocks_read.sum().get()) / (B * KVH * kp.C)
         read = k_bytes * fraction
