@@ -211,17 +211,25 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
     const int piece = threadIdx.x & 3, rg = threadIdx.x >> 2;
     const int sub = piece >> log2p, within = piece & ((1 << log2p) - 1);   // which block of the unit, its piece
     const BlockedKeyRows<T, D> KB{kb, L_max, KVH, FB};
+    // A tile starts a page (BN a multiple of SC_KEY_PAGE_ROWS): this thread's row rg + 32 mm of a
+    // tile lies at row_off[mm] from the tile's first row, whichever the tile.
+    static_assert(BN % SC_KEY_PAGE_ROWS == 0, "a tile starts a page");
+    int row_off[kRows];
+#pragma unroll
+    for (int mm = 0; mm < kRows; ++mm) {
+        const int j = rg + 32 * mm;
+        row_off[mm] = (j / SC_KEY_PAGE_ROWS) * D * SC_KEY_PAGE_ROWS + (j % SC_KEY_PAGE_ROWS) * FB;
+    }
     // The read block this lane's pieces come from in unit v of a tile (-1: the unit has no second block)
     auto block_of = [&](int v) { const int ci = v * per_unit + sub; return ci < nr ? read[ci] : -1; };
     auto load_unit = [&](int u, Chunk<T> (&k)[kRows]) {
         const int t = t_begin + u / units, c = block_of(u % units);
         const i64 row0 = (i64)t * BN;
         const int nrows = (int)min((i64)BN, n - row0);
-        const i64 block_off = (i64)max(c, 0) * SC_KEY_PAGE_ROWS * FB + within * SC_CHUNK;
+        const T* base = KB.row(b, row0, g) + max(c, 0) * SC_KEY_PAGE_ROWS * FB + within * SC_CHUNK;
 #pragma unroll
         for (int mm = 0; mm < kRows; ++mm) {
-            const int j = rg + 32 * mm;
-            if (c >= 0 && j < nrows) k[mm].load(KB.row(b, row0 + j, g) + block_off);
+            if (c >= 0 && rg + 32 * mm < nrows) k[mm].load(base + row_off[mm]);
             else k[mm].zero();
         }
     };
