@@ -216,10 +216,7 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
     static_assert(BN % SC_KEY_PAGE_ROWS == 0, "a tile starts a page");
     int row_off[kRows];
 #pragma unroll
-    for (int mm = 0; mm < kRows; ++mm) {
-        const int j = rg + 32 * mm;
-        row_off[mm] = (j / SC_KEY_PAGE_ROWS) * D * SC_KEY_PAGE_ROWS + (j % SC_KEY_PAGE_ROWS) * FB;
-    }
+    for (int mm = 0; mm < kRows; ++mm) row_off[mm] = (int)KB.offset(rg + 32 * mm);
     // The read block this lane's pieces come from in unit v of a tile (-1: the unit has no second block)
     auto block_of = [&](int v) { const int ci = v * per_unit + sub; return ci < nr ? read[ci] : -1; };
     auto load_unit = [&](int u, Chunk<T> (&k)[kRows]) {

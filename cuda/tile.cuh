@@ -57,9 +57,12 @@ struct BlockedKeyRows {
     i64 L_max;
     int KVH, FB;
 
+    // Offset of row j from row 0 of its (sequence, KV head): its page, then its place in the page
+    // (also row j0 + j's offset from a page-aligned row j0's).
+    __device__ __forceinline__ i64 offset(i64 j) const { return j / P * (i64)(D * P) + (j % P) * FB; }
     __device__ __forceinline__ const T* row(i64 b, i64 j, int g) const {
         const i64 pages = (L_max + P - 1) / P;
-        return data + ((b * KVH + g) * pages + j / P) * (i64)(D * P) + (j % P) * FB;
+        return data + (b * KVH + g) * pages * (i64)(D * P) + offset(j);
     }
     // features 8p .. 8p + 7: block 8p / FB, offset 8p % FB (FB a power of two)
     __device__ __forceinline__ const T* piece(const T* row, int p) const {
