@@ -214,20 +214,25 @@ __device__ __forceinline__ void load_slice(const T* p, float (&out)[N]) {
     for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
 }
 
-// One tile's stash scores for the G heads into registers: lane holds rows lane * R .. + R - 1 of
-// every head (-inf past nrows); src = the group's first head at the tile's first row, head h at
-// src + h * stride (the stash: L_max). Issued a tile ahead, they fly while the previous tile gathers.
+// One tile's stash scores of the heads in `heads` (bit h: head h draws a comb point here) into
+// registers: lane holds rows lane * R .. + R - 1 (-inf past nrows); src = the group's first head at
+// the tile's first row, head h at src + h * stride (the stash: L_max). A head without a point needs
+// no scores (its counts are zero), so at long contexts, where a head-tile holds a point rarely, most
+// of the stash is never read. Issued a tile ahead, they fly while the previous tile gathers.
 template <int BN, int G>
-__device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const float* src, i64 stride, int nrows) {
+__device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const float* src, i64 stride, int nrows,
+                                                 unsigned heads) {
     constexpr int R = BN / 32;
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int h = 0; h < G; ++h)
+    for (int h = 0; h < G; ++h) {
+        if (!((heads >> h) & 1u)) continue;                 // warp-uniform
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             const int j = lane * R + i;
             sc[h][i] = j < nrows ? src[h * stride + j] : -SC_INF;
         }
+    }
 }
 
 // The rows of a tile that any head selected, in row order, into rows[] (lane owns rows
@@ -255,10 +260,11 @@ __device__ __forceinline__ int warp_list_rows(int* rows, const bool (&any_row)[R
 // Counts of one tile for the G heads, in registers, into cnt[G][BN] (shared, this warp's), and
 // the ordered list of the selected rows (the union over the heads, row order) into rows[];
 // returns how many. c_j = (comb points below cum_j) - (points below cum_{j-1}), the last row
-// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; sc = warp_tile_scores.
+// gets the rest. Lane h < G holds head h's draw `my` and tile max `my_m`; sc = warp_tile_scores
+// of the heads in `heads` (the heads with n > 0); every other head's counts are zero.
 template <int BN, int G>
 __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadDraw& my, float my_m,
-                                                const float (&sc)[G][BN / 32], int nrows) {
+                                                const float (&sc)[G][BN / 32], int nrows, unsigned heads) {
     constexpr int R = BN / 32;
     const int lane = threadIdx.x & 31;
     bool any_row[R];
@@ -266,6 +272,11 @@ __device__ __forceinline__ int warp_tile_counts(int* cnt, int* rows, const HeadD
     for (int i = 0; i < R; ++i) any_row[i] = false;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
+        if (!((heads >> h) & 1u)) {                            // no comb point: zero counts
+#pragma unroll
+            for (int i = 0; i < R; ++i) cnt[h * BN + lane * R + i] = 0;
+            continue;
+        }
         HeadDraw d;
         d.a = __shfl_sync(0xffffffffu, my.a, h);
         d.off = __shfl_sync(0xffffffffu, my.off, h);
@@ -501,7 +512,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // any head has a comb point there, and its stash scores when one has.
     HeadDraw my_next;
     float m_next = 0.f, w_next = 1.f, sc_next[G][R];
-    bool any_next = false;
+    unsigned heads_next = 0u;                // bit h: head h has a comb point in the next tile
     auto plan_tile = [&](int t) {                  // t < t_end; its inputs were fetched
         const float2 st = st_ahead;
         const double cp = c_before, cc = cc_ahead;
@@ -518,10 +529,10 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         } else {
             my_next.n = 0; my_next.a = 0.f; my_next.off = 0.f; my_next.l = 0.f;
         }
-        any_next = __ballot_sync(0xffffffffu, lane < G && my_next.n > 0) != 0u;
-        if (any_next)
+        heads_next = __ballot_sync(0xffffffffu, lane < G && my_next.n > 0);
+        if (heads_next)
             warp_tile_scores<BN, G>(sc_next, scores + head0 * L_max + (i64)t * BN, L_max,
-                                    (int)min((i64)BN, n - (i64)t * BN));
+                                    (int)min((i64)BN, n - (i64)t * BN), heads_next);
     };
     fetch(t0);
     plan_tile(t0);
@@ -533,10 +544,11 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const int nrows = (int)min((i64)BN, n - row0);
         const HeadDraw my = my_next;
         const float my_m = m_next, my_w = w_next;
-        const bool any = any_next;
+        const unsigned heads = heads_next;
+        const bool any = heads != 0u;
         // this tile's counts (into cnt, rows) free sc_next for the next tile's scores, issued
         // before this tile's gather
-        const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows) : 0;
+        const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows, heads) : 0;
         if (t + 1 < t_end) plan_tile(t + 1);
         if constexpr (kPipe) {
             if (pend) {                      // the previous tile's rows have had this tile's counts to land
