@@ -20,7 +20,8 @@ class _PlanSizing:
                 return 0
             import cupy
             return kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
-                                            kernels.device_bandwidth(cupy.cuda.Device().attributes))
+                                            kernels.device_bandwidth(cupy.cuda.Device().attributes),
+                                            self.samples)
         if santa_min_length > 1 and self.one_pass:
             raise ValueError(f"santa_min_length={santa_min_length}: budget {spec.ONE_PASS!r} has no dense fallback "
                              "(use 'auto', 0 or 1)")

@@ -376,8 +376,16 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, prog
 #   n >= (SANTA_FIXED_COST_S + B * SANTA_PER_SEQUENCE_COST_S) * bandwidth / (B * KVH * D * itemsize),
 # the costs in peak-bandwidth seconds: 39.6k tokens at B = 1, 15.7k at B = 4, 9.7k at B = 16 (measured:
 # dense faster at B = 1 32k, B = 4 8k, B = 16 8k; santa at B = 1 128k, B = 4 32k, B = 16 32k).
+# Both costs grow with the samples S a head draws (pass 2 samples, gathers and adds S * G rows a
+# (sequence, KV head)). The two above are at S = 256; at S = 2048 (fixed budget, a0c885c, santa at
+# every length against dense in the same runs, docs/results/h200_a0c885c/ab_head_skip.txt and
+# h200_prefetch_4c7668d/ab.txt) the crossovers are ~63k, ~32k and ~22k tokens at B = 1, 4, 16:
+# 20.8 us + 8.2 us a sequence (least squares). Linear in S through both fits:
+SANTA_COST_SAMPLES = 256            # the S of SANTA_FIXED_COST_S and SANTA_PER_SEQUENCE_COST_S
 SANTA_FIXED_COST_S = 13.6e-6
 SANTA_PER_SEQUENCE_COST_S = 3.3e-6
+SANTA_FIXED_COST_PER_SAMPLE_S = 4.0e-9
+SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = 2.7e-9
 DEFAULT_BANDWIDTH = 4.8e12          # bytes/s (H200) where the device does not report its memory
 
 
@@ -390,9 +398,13 @@ def device_bandwidth(device_attributes) -> float:
     return 2.0 * clock * 1e3 * width / 8
 
 
-def santa_min_length(batch, kv_heads, head_dim, itemsize, bandwidth) -> int:
-    """The sequence length from which santa is faster than dense (module comment above)."""
-    cost = SANTA_FIXED_COST_S + batch * SANTA_PER_SEQUENCE_COST_S
+def santa_min_length(batch, kv_heads, head_dim, itemsize, bandwidth, samples=SANTA_COST_SAMPLES) -> int:
+    """The sequence length from which santa with `samples` samples a head is faster than dense
+    (module comment above)."""
+    extra = samples - SANTA_COST_SAMPLES
+    fixed = max(0.0, SANTA_FIXED_COST_S + extra * SANTA_FIXED_COST_PER_SAMPLE_S)
+    per_sequence = max(0.0, SANTA_PER_SEQUENCE_COST_S + extra * SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S)
+    cost = fixed + batch * per_sequence
     return max(1, math.ceil(cost * bandwidth / (batch * kv_heads * head_dim * itemsize)))
 
 

@@ -473,6 +473,13 @@ def test_short_sequences_run_dense(launches):
     assert [name for name, *_ in launches] == ["decode_dense_mma"]          # L_max < santa_from: dense only
     assert kernels.santa_min_length(1, 8, 128, 2, 4.8e12) == 39610          # llama8b shape, B = 1
     assert kernels.santa_min_length(16, 8, 128, 2, 4.8e12) == 9727
+    # more samples a head, more pass-2 work: a later crossover (S = 2048, the fixed budget's
+    # default, measured ~63k / ~32k / ~22k tokens at B = 1 / 4 / 16 on the H200)
+    assert [kernels.santa_min_length(B, 8, 128, 2, 4.8e12, samples=2048) for B in (1, 4, 16)] == [67750, 31244, 22117]
+    crossovers = [kernels.santa_min_length(4, 8, 128, 2, 4.8e12, samples=S) for S in (1, 64, 256, 1024, 1 << 16)]
+    assert crossovers == sorted(crossovers) and crossovers[0] >= 1
+    many = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, samples=2048)
+    assert many.santa_from == kernels.santa_min_length(2, 2, 128, 2, 4.8e12, samples=2048) > auto.santa_from
     assert abs(kernels.device_bandwidth({"MemoryClockRate": 3_201_000, "GlobalMemoryBusWidth": 6144}) - 4.917e12) < 1e9
     # the dense plan's kernel takes every sequence; block-route santa plans do not mix
     dplan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense")
