@@ -61,6 +61,15 @@ def num_tiles(n, block_n):
     return -(-int(n) // int(block_n))
 
 
+def tile_draws(counts, block_n):
+    """Points each tile of block_n rows draws: counts [..., L] -> [..., num_tiles(L, block_n)]."""
+    L = counts.shape[-1]
+    T = num_tiles(L, block_n)
+    padded = np.zeros(counts.shape[:-1] + (T * block_n,), counts.dtype)
+    padded[..., :L] = counts
+    return padded.reshape(counts.shape[:-1] + (T, block_n)).sum(-1)
+
+
 # --------------------------------------------------------------------------------- stage: tiles
 
 

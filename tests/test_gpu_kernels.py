@@ -432,14 +432,13 @@ def test_warp_tile_matches_block_tile(budget, G, D, dtype, block_n, warp_kernel)
     summation order."""
     _skip_without_mma_gather(warp_kernel, dtype, D)
     # runs of 3 tiles, cut short at 10 tiles
-    _, L_max, args, res = _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, 3, G * D + block_n)
+    _, _, args, res = _block_vs_warp(budget, G, D, dtype, block_n, warp_kernel, 3, G * D + block_n)
     if G > 1:   # some tiles hold comb points of some heads only: the warp pass 2 skips the others
         q, k, _, lens = (a.get() for a in args)
         counts = reference.sample_counts(q, k, lens, samples=96, budget=budget, seed=17, step=4, layer=2,
                                          block_n=block_n)
-        T = -(-L_max // block_n)
-        heads_hit = (np.pad(counts, ((0, 0), (0, 0), (0, T * block_n - L_max)))
-                     .reshape(4, 2, G, T, block_n).sum(-1) > 0).sum(2)        # [B, KVH, T]
+        drawn = reference.tile_draws(counts, block_n)                         # [B, H, T]
+        heads_hit = (drawn.reshape(4, 2, G, -1) > 0).sum(2)                    # [B, KVH, T]
         assert ((heads_hit > 0) & (heads_hit < G)).any(), "no tile with points in some heads only"
     (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res[warp_kernel]
     assert np.array_equal(rb, rw), "distinct rows read differ (different counts)"
@@ -458,11 +457,10 @@ def test_mma_gather_counts_beyond_its_limit(G, D, dtype, block_n, limit):
     tiles take the staged FMA gather. 5000 samples: the length-1 tile draws them all, the long sequence's
     tiles ~500 each (under the f16 limit, over the bf16 one), so a run mixes both paths. Against the
     block pass 2: the same rows, the output up to float32 summation order."""
-    _, L_max, args, res = _block_vs_warp("global", G, D, dtype, block_n, "warp_mma", 3, G + D, samples=5000)
+    _, _, args, res = _block_vs_warp("global", G, D, dtype, block_n, "warp_mma", 3, G + D, samples=5000)
     plan = res["warp_mma"][0]
     counts = plan.sample_counts(args[0], args[1], args[3], layer=2).get()
-    T = -(-L_max // block_n)
-    drawn = np.pad(counts, ((0, 0), (0, 0), (0, T * block_n - L_max))).reshape(4, -1, T, block_n).sum(-1)
+    drawn = reference.tile_draws(counts, block_n)
     assert drawn.max() > limit and ((drawn > 0) & (drawn <= limit)).any(), "both gather paths are exercised"
     (_, ob, rb, sb, lb), (_, ow, rw, sw, lw) = res["block"], res["warp_mma"]
     assert np.array_equal(rb, rw)

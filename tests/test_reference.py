@@ -119,6 +119,17 @@ def test_tile_stats_values():
     np.testing.assert_array_equal(st.cum[:, 2, 22:], st.l[:, 2:3].repeat(42, axis=1))
 
 
+def test_tile_draws_sums_each_tile_at_awkward_lengths():
+    """tile_draws: per-tile sums of counts [..., L], the last tile partial (L not a multiple)."""
+    rs = np.random.default_rng(5)
+    for L, block_n in ((1, 64), (63, 64), (129, 64), (300, 128)):
+        counts = rs.integers(0, 4, size=(2, 3, L)).astype(np.int32)
+        got = ref.tile_draws(counts, block_n)
+        assert got.shape == (2, 3, ref.num_tiles(L, block_n))
+        want = np.stack([counts[..., t * block_n:(t + 1) * block_n].sum(-1) for t in range(got.shape[-1])], -1)
+        assert np.array_equal(got, want) and got.sum() == counts.sum()
+
+
 def test_global_prefix_properties():
     rs = np.random.default_rng(4)
     m = (rs.standard_normal((50, 7)) * 20).astype(np.float32)

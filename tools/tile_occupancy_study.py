@@ -43,13 +43,10 @@ def occupancy(q, k, n, samples, step, layer):
     H = q.shape[0]
     KVH = k.shape[1]
     counts = reference.sample_counts(q[None], k[None, :n], np.array([n]), samples=samples,
-                                     step=step, layer=layer)[0]             # [H, n]
-    T = -(-n // BN)
-    pad = np.zeros((H, T * BN), np.int64)
-    pad[:, :n] = counts
-    hit = pad.reshape(H, T, BN).sum(-1) > 0                                  # [H, T]
-    group_hit = hit.reshape(KVH, H // KVH, T).any(1)                         # [KVH, T]
-    return int(hit.sum()), int(group_hit.sum()), H // KVH, KVH * T
+                                     step=step, layer=layer, block_n=BN)[0]  # [H, n]
+    hit = reference.tile_draws(counts, BN) > 0                               # [H, T]
+    group_hit = hit.reshape(KVH, H // KVH, -1).any(1)                        # [KVH, T]
+    return int(hit.sum()), int(group_hit.sum()), H // KVH, group_hit.size
 
 
 def summarize(rows):
