@@ -40,15 +40,35 @@ __device__ __forceinline__ u32 pair_halves(u32 x, u32 y, int half) {
     return __byte_perm(x, y, half ? 0x7632 : 0x5410);
 }
 
+// An L2 policy for data read once: the L2 evicts its lines first, so a stream of them does not
+// push out what is read again soon (the score stash, which pass 2 reads). createpolicy, sm_80+.
+__device__ __forceinline__ u64 l2_evict_first_policy() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// 16 bytes of read-only global memory under an L2 policy, not kept in L1. volatile: it stays
+// after pdl_wait() (whose asm is volatile too).
+__device__ __forceinline__ uint4 load16_l2_hint(const void* p, u64 policy) {
+    uint4 x;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "l"(p), "l"(policy));
+    return x;
+}
+
 // N 32-bit words of a row as N/4 16-byte loads: quads first, first + stride, first + 2 stride, ...
-// of the row (a quad = 16 bytes), or zeros.
-template <int N>
-__device__ __forceinline__ void load_quads(u32 (&w)[N], const void* row, int first, int stride, bool valid) {
+// of the row (a quad = 16 bytes), or zeros. kHinted: each load under the L2 policy `policy`.
+template <int N, bool kHinted = false>
+__device__ __forceinline__ void load_quads(u32 (&w)[N], const void* row, int first, int stride, bool valid,
+                                           u64 policy = 0ull) {
     static_assert(N % 4 == 0, "whole 16-byte loads");
     const uint4* p = reinterpret_cast<const uint4*>(row) + first;
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
-        const uint4 x = valid ? p[i * stride] : make_uint4(0u, 0u, 0u, 0u);
+        uint4 x;
+        if constexpr (kHinted) x = valid ? load16_l2_hint(p + i * stride, policy) : make_uint4(0u, 0u, 0u, 0u);
+        else x = valid ? p[i * stride] : make_uint4(0u, 0u, 0u, 0u);
         w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
     }
 }
@@ -96,6 +116,20 @@ template <typename T, int D>
 __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const CacheRows<T, D>& K, const T* base, i64 b,
                                                i64 step0, i64 key, i64 row_end, int g, int t) {
     load_quads<D / 8>(w, K.step_key(base, b, step0, key < row_end ? key : step0, g), t, 4, key < row_end);
+}
+
+// K read once by the score pass (santa_score_mma): CacheRows whose loads carry the L2 policy
+// `policy` (l2_evict_first_policy), so that the K stream leaves the L2 to the score stash.
+template <typename T, int D>
+struct StreamedKeyRows : CacheRows<T, D> {
+    u64 policy;
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const StreamedKeyRows<T, D>& K, const T* base, i64 b,
+                                               i64 step0, i64 key, i64 row_end, int g, int t) {
+    load_quads<D / 8, true>(w, K.step_key(base, b, step0, key < row_end ? key : step0, g), t, 4, key < row_end,
+                            K.policy);
 }
 
 // The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):

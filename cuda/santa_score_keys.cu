@@ -368,6 +368,7 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     K.KVH = KVH;
     K.FB = FB;
     K.pieces = mq.read_pieces(tq);
-    score_run<T, D, BN, G>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
+    score_run<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores,
+                                           part_s);
     pdl_launch_dependents();
 }

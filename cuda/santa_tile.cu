@@ -235,6 +235,27 @@ __device__ __forceinline__ void warp_tile_scores(float (&sc)[G][BN / 32], const 
     }
 }
 
+// Drops the stash rows of a tile's G heads (src: head 0's, heads `stride` apart) from the L2
+// without writing them back (discard.global.L2, sm_80+: the bytes become undefined), once this
+// warp has read them or found it needs none. The stash is scratch that nothing reads after pass 2,
+// so a line dropped while the L2 still holds it is a line the DRAM never writes. Only the 128-byte
+// lines wholly inside [src, src + nrows): a line shared with a neighbour tile, which another warp
+// may still read, is left alone.
+template <int BN, int G>
+__device__ __forceinline__ void warp_discard_tile_stash(const float* src, i64 stride, int nrows) {
+    constexpr int kLines = BN * (int)sizeof(float) / 128 + 1;   // lines a head's rows can touch
+    const int lane = threadIdx.x & 31;
+    for (int i = lane; i < G * kLines; i += 32) {
+        const int h = i / kLines, k = i % kLines;
+        const unsigned long long lo = reinterpret_cast<unsigned long long>(src + h * stride);
+        const unsigned long long hi = lo + (unsigned long long)nrows * sizeof(float);
+        const unsigned long long line = ((lo + 127ull) & ~127ull) + 128ull * k;
+        if (line + 128ull <= hi)
+            asm volatile("{ .reg .u64 ga; cvta.to.global.u64 ga, %0; discard.global.L2 [ga], 128; }"
+                         :: "l"(line) : "memory");
+    }
+}
+
 // The rows of a tile that any head selected, in row order, into rows[] (lane owns rows
 // lane * R .. + R - 1, any_row[i] for its i-th); returns how many (every lane).
 template <int R>
@@ -423,7 +444,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
-                const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
+                int stash_in_l2, const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
@@ -549,6 +570,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         // this tile's counts (into cnt, rows) free sc_next for the next tile's scores, issued
         // before this tile's gather
         const int nsel = any ? warp_tile_counts<BN, G>(cnt, rows, my, my_m, sc_next, nrows, heads) : 0;
+        if (stash_in_l2) warp_discard_tile_stash<BN, G>(scores + head0 * L_max + row0, L_max, nrows);
         if (t + 1 < t_end) plan_tile(t + 1);
         if constexpr (kPipe) {
             if (pend) {                      // the previous tile's rows have had this tile's counts to land

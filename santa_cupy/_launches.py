@@ -108,7 +108,7 @@ class _PlanLaunches:
             kernel, smem = self._score_warp_kernel
             self._launch(kernel, (self.KVH, self._run_blocks(self.score_tpw)),
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
-                            *pages), smem)
+                            i32(self.stash_in_l2), *pages), smem)
 
     def _prefix(self, lengths, rows_read=None, santa_from=0):
         i32, i64 = kernels.i32, kernels.i64
@@ -129,7 +129,7 @@ class _PlanLaunches:
                         u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,
                         self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
-                        i32(self.santa_from), *pages), self._warp_smem)
+                        i32(self.santa_from), i32(self.stash_in_l2), *pages), self._warp_smem)
 
     def _one_pass(self, q, k_cache, v_cache, lengths, layer, hint, pages):
         """santa_one_pass: score, take rows by the hint's inclusion probabilities, gather; one

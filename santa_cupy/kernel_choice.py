@@ -41,6 +41,14 @@ FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 # with santa_merge), slower for many (B=16 32k: 86 vs 69 + 9 us), so above this many (sequence, KV
 # head) groups the runs write partials and santa_merge follows.
 FINISH_MAX_GROUPS = 32
+# The warp pipeline's score stash [B, H, L_max] float32 kept in the L2 up to this fraction of the
+# device's L2: santa_score_mma reads K with an evict-first L2 policy and santa_tile_warp drops the
+# stash's lines once read (discard.global.L2), so the stash need not reach DRAM either way. H200
+# (60 MiB L2), llama8b bf16, S=256 global, against the plain pipeline: B=1 32k (4 MB of stash)
+# 38.1 vs 42.2 us, B=1 128k and B=4 32k (17 MB) 92.4 / 99.2 vs 96.9 / 104.7; B=4 128k and B=16
+# 32k (67 MB) 347.1 / 390.5 vs 325.8 / 366.9 (the K stream then evicts the stash anyway, and the
+# hinted loads cost 3-5%), so above it the score pass reads K plainly and pass 2 drops nothing.
+STASH_L2_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,10 @@ class KernelChoice:
     fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.
     mma_min_rows: "auto" gathers on tensor cores from this many expected rows per tile.
     finish_max_groups: the warp pass 2 writes o itself up to this many (sequence, KV head) groups.
+    stash_l2_max_bytes: the warp pipeline keeps its score stash in the L2 (K read evict-first, the
+        stash dropped once pass 2 has read it: plan.scores is then undefined after a run) up to
+        this many stash bytes; None: STASH_L2_FRACTION of the device's L2; 0: never (the stash
+        stays readable, e.g. for tests).
     merge_wide: santa_merge with 8 partials in flight per warp (True) or 4 (False); None: 8 where
         its (H, B) grid is at most one wave of SMs (latency-bound), else 4 (fewer registers).
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
@@ -81,6 +93,7 @@ class KernelChoice:
     finish_max_groups: int = FINISH_MAX_GROUPS
     merge_wide: bool | None = None
     programmatic: bool | None = None
+    stash_l2_max_bytes: int | None = None
 
     def __post_init__(self):
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
@@ -94,6 +107,9 @@ class KernelChoice:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        value = self.stash_l2_max_bytes
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+            raise ValueError(f"stash_l2_max_bytes must be None (automatic) or an integer >= 0, got {value!r}")
         for name in ("merge_wide", "programmatic"):
             value = getattr(self, name)
             if not (value is None or isinstance(value, bool)):

@@ -398,6 +398,14 @@ def device_bandwidth(device_attributes) -> float:
     return 2.0 * clock * 1e3 * width / 8
 
 
+DEFAULT_L2_BYTES = 60 << 20          # the H200's L2, where the device does not report its own
+
+
+def device_l2_bytes(device_attributes) -> int:
+    """The device's L2 cache size in bytes (DEFAULT_L2_BYTES where it does not report it)."""
+    return int(device_attributes.get("L2CacheSize") or DEFAULT_L2_BYTES)
+
+
 def santa_min_length(batch, kv_heads, head_dim, itemsize, bandwidth, samples=SANTA_COST_SAMPLES) -> int:
     """The sequence length from which santa with `samples` samples a head is faster than dense
     (module comment above)."""

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from santa_cupy import interop, kernels, key_pass, paged, spec
+from santa_cupy import interop, kernel_choice, kernels, key_pass, paged, spec
 from santa_cupy._launches import _PlanLaunches
 from santa_cupy._plan_sizing import _PlanSizing
 from santa_cupy.info import AttentionInfo
@@ -221,6 +221,12 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
         self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
+        # the warp pipeline's stash kept in the L2 (santa_score_mma reads K evict-first, santa_tile_warp
+        # drops the stash's lines once read) where it fits: kernel_choice.STASH_L2_FRACTION
+        limit = choice.stash_l2_max_bytes
+        if limit is None:
+            limit = int(kernel_choice.STASH_L2_FRACTION * kernels.device_l2_bytes(cupy.cuda.Device().attributes))
+        self.stash_in_l2 = int(self._warp and two_pass and 0 < self.scores.nbytes <= limit)
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
         if not self.one_pass:                # one_pass: a view of its counters (below)

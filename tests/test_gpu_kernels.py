@@ -485,7 +485,8 @@ def test_runs_of_tiles_match_single_tiles(budget, G, D, dtype, block_n, tpw):
     res = {}
     for runs in (1, tpw):
         plan = _poisoned_plan(batch=5, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
-                              samples=96, budget=budget, seed=23, step=2, block_n=block_n, tiles_per_warp=runs)
+                              samples=96, budget=budget, seed=23, step=2, block_n=block_n, tiles_per_warp=runs,
+                              stash_l2_max_bytes=0)   # the stash stays readable after the run
         assert plan.score_tpw == runs and plan.tile_tpw == (runs if G <= 8 else 1)
         plan.scores.fill(np.nan)
         o = as_float32(plan.run(*args, layer=1))
@@ -503,6 +504,35 @@ def test_runs_of_tiles_match_single_tiles(budget, G, D, dtype, block_n, tpw):
     assert np.allclose(l2, l1, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("budget", ["global", "fixed"])
+@pytest.mark.parametrize("G,D,dtype,block_n", [(4, 128, "bfloat16", 128), (3, 64, "float16", 64)])
+def test_stash_in_l2_changes_no_bit(budget, G, D, dtype, block_n):
+    """The stash kept in the L2 (K read evict-first, the stash lines dropped by pass 2 once read)
+    against the stash left to DRAM: the same output, lse, spread and rows read, bit for bit, over
+    three steps; lengths whose stash rows end inside a 128-byte line (odd L_max) and tiles shorter
+    than a line. Only the plan whose stash is dropped may leave plan.scores undefined."""
+    rng = np.random.default_rng(G * D + block_n + len(budget))
+    lengths = [1, 31, block_n + 1, 6 * block_n + 29]
+    L_max = max(lengths) + 3
+    q, k, v, lens = random_inputs(rng, 4, 2 * G, 2, D, L_max, lengths, dtype, peak=2.0)
+    args = to_gpu(q, k, v, lens)
+    res = {}
+    for limit in (0, None):
+        plan = DecodePlan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
+                          samples=48 if budget == "global" else 4 * 48, budget=budget, seed=5,
+                          block_n=block_n, tile_kernel="warp", stash_l2_max_bytes=limit)
+        assert plan.stash_in_l2 == (limit is None)
+        outs = []
+        for _ in range(3):
+            o = as_float32(plan.run(*args))
+            outs.append((o, plan.lse.get(), plan.spread.get(), plan.rows_read.get()))
+            plan.advance()
+        res[limit] = outs
+    for a, b in zip(res[0], res[None]):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y, equal_nan=True)
+
+
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
                                                (3, 64, "float16", 128), (12, 128, "float16", 64)])
 def test_score_v4_matches_v2(G, D, dtype, block_n):
@@ -516,7 +546,8 @@ def test_score_v4_matches_v2(G, D, dtype, block_n):
     outs = []
     for kernel in ("stream", "mma"):
         plan = DecodePlan(batch=4, heads=2 * G, kv_heads=2, head_dim=D, max_length=L_max, dtype=dtype,
-                          samples=64, budget="global", block_n=block_n, score_kernel=kernel)
+                          samples=64, budget="global", block_n=block_n, score_kernel=kernel,
+                          stash_l2_max_bytes=0)       # the stash stays readable after the run
         plan.scores.fill(np.nan)
         plan.run(*args)
         outs.append((plan.scores.get(), plan.part_s.get()))

@@ -494,6 +494,32 @@ def test_short_sequences_run_dense(launches):
             make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=bad)
 
 
+def test_stash_in_l2_by_the_stash_bytes(launches):
+    """The warp pipeline keeps its stash in the L2 (K evict-first in santa_score_mma, the stash
+    dropped by santa_tile_warp: both kernels get the flag) up to stash_l2_max_bytes of stash
+    [B, H, L_max] float32 (automatic: kernel_choice.STASH_L2_FRACTION of the device's L2); 0 turns
+    it off; dense plans never."""
+    params = _kernel_params()
+    q, k, v, lengths = _inputs(L=3000)
+    stash = 2 * 8 * 3000 * 4
+    for limit, want in ((None, 1), (stash, 1), (stash - 1, 0), (0, 0)):
+        launches.clear()
+        kw = {} if limit is None else {"stash_l2_max_bytes": limit}
+        plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0, **kw)
+        assert plan.scores.nbytes == stash <= kernel_choice.STASH_L2_FRACTION * kernels.DEFAULT_L2_BYTES
+        assert plan.stash_in_l2 == want
+        plan.run(q, k, v, lengths)
+        by_name = {name: args for name, _, _, args, _ in launches}
+        for name in ("santa_score_mma", "santa_tile_warp"):
+            assert int(by_name[name][params[name].index("stash_in_l2")]) == want
+    assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense").stash_in_l2 == 0
+    big = make_plan(batch=64, heads=32, kv_heads=8, head_dim=128, max_length=8192, santa_min_length=0)
+    assert big.scores.nbytes > kernel_choice.STASH_L2_FRACTION * kernels.DEFAULT_L2_BYTES and big.stash_in_l2 == 0
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="stash_l2_max_bytes"):
+            make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, stash_l2_max_bytes=bad)
+
+
 def test_many_groups_merge_after_the_warp_pass(launches):
     """Above kernel_choice.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 writes run
     partials and santa_merge follows (o_stride = the run length, its santa_from the plan's)."""

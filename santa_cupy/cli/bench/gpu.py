@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from santa_cupy.cli.bench.methods import DEFAULT_L2_BYTES
+from santa_cupy.kernels import DEFAULT_L2_BYTES
 
 
 def _cupy():

@@ -61,7 +61,6 @@ QUICK = {"shapes": ("llama8b",), "batches": (1, 16), "contexts": (32768,),
          "methods": DEFAULT_METHODS, "torch_backends": ("flash", "cudnn")}
 # the dense peers of "x best peer" (method name -> label): cuDNN, FA2 (torch SDPA's flash backend), FlashInfer
 PEERS = {"torch-cudnn": "cuDNN", "torch-flash": "FA2", "flashinfer": "FlashInfer"}
-DEFAULT_L2_BYTES = 60 * 10**6          # used when the device does not report its L2 size
 L2_FACTOR = 3                          # rotating buffers together >= L2_FACTOR x L2
 MAX_COPIES = 64
 
