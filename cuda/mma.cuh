@@ -370,10 +370,26 @@ struct KeyRun {
     // Step 0 of the run's first tile (rows [row0, row_end)).
     template <typename KRows>
     __device__ __forceinline__ void start(const KRows& K, i64 b, i64 row0, i64 row_end, int g, int gi, int tq) {
-        const T* base = K.row(b, row0, g);
+        load_step(kbuf[0], K, b, row0, row0, row_end, g, gi, tq);
+    }
+
+    // Step keys [key0, key0 + KS) (those < key_end) into buf; step0: a row of the sequence the step
+    // may address. SPAN > 1: each 16-key piece from its own base (KRows::sub_step), since a step
+    // of 32 or more keys may cross a page of a paged cache.
+    template <typename KRows>
+    __device__ __forceinline__ void load_step(u32 (&buf)[NT][W], const KRows& K, i64 b, i64 key0, i64 step0,
+                                              i64 key_end, int g, int gi, int tq) {
+        const T* base = K.row(b, step0, g);
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
-            load_key_slice(kbuf[0][j], K, base, b, row0, row0 + 8 * j + gi, row_end, g, tq);
+        for (int j = 0; j < NT; ++j) {
+            if constexpr (SPAN == 1) {
+                load_key_slice(buf[j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
+            } else {
+                const i64 sub0 = step0 + 16 * (j >> 1);
+                load_key_slice(buf[j], K, K.sub_step(base, b, step0, sub0, key_end, g), b, sub0, key0 + 8 * j + gi,
+                               key_end, g, tq);
+            }
+        }
     }
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
@@ -388,10 +404,7 @@ struct KeyRun {
             const bool last = st + 1 == NSTEP;
             const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
             const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
-            const T* base = K.row(b, step0, g);
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-                load_key_slice(kbuf[cur ^ 1][j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
+            load_step(kbuf[cur ^ 1], K, b, key0, step0, key_end, g, gi, tq);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float s[4];
