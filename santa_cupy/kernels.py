@@ -366,26 +366,23 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, prog
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
 
 
-# Never slower than exact (DecodePlan's santa_min_length="auto"). Fitted to one bench run (H200,
-# llama8b shape, bf16, 045f86c: bench stages and kernels at B = 1, 4, 16 x 8k, 32k, 128k): dense
-# takes ~10 us + 0.92 ns a row (B * n rows), santa (every length) ~F(B) + 0.60 ns a row with
-# F = 23, 29, 61 us at B = 1, 4, 16: a fixed cost (more launches, dependent round trips) plus one
-# per sequence (pass 2 gathers S * G V rows a (sequence, KV head) whatever its length, and at
-# B * KVH > kernel_choice.FINISH_MAX_GROUPS santa_merge follows). Santa pays once the bytes it saves, about a V
-# row per row at the streaming rate (0.75 of the peak bandwidth), outweigh that:
+# Never slower than exact (DecodePlan's santa_min_length="auto"). Dense takes about a fixed
+# latency plus its bytes; santa (every length) a larger fixed cost (more launches, dependent round
+# trips) plus one per sequence (pass 2 gathers S * G V rows a (sequence, KV head) whatever its
+# length, and at B * KVH > kernel_choice.FINISH_MAX_GROUPS santa_merge follows), and saves about a
+# V row per row at the streaming rate. Santa pays from
 #   n >= (SANTA_FIXED_COST_S + B * SANTA_PER_SEQUENCE_COST_S) * bandwidth / (B * KVH * D * itemsize),
-# the costs in peak-bandwidth seconds: 39.6k tokens at B = 1, 15.7k at B = 4, 9.7k at B = 16 (measured:
-# dense faster at B = 1 32k, B = 4 8k, B = 16 8k; santa at B = 1 128k, B = 4 32k, B = 16 32k).
-# Both costs grow with the samples S a head draws (pass 2 samples, gathers and adds S * G rows a
-# (sequence, KV head)). The two above are at S = 256; at S = 2048 (fixed budget, a0c885c, santa at
-# every length against dense in the same runs, docs/results/h200_a0c885c/ab_head_skip.txt and
-# h200_prefetch_4c7668d/ab.txt) the crossovers are ~63k, ~32k and ~22k tokens at B = 1, 4, 16:
-# 20.8 us + 8.2 us a sequence (least squares). Linear in S through both fits:
+# the costs in peak-bandwidth seconds. Fitted to the crossovers of one bench run (H200, llama8b bf16,
+# 9603329, santa at every length against dense at B = 1, 4, 16 x 8k, 16k, 32k, 64k, 128k, linear
+# between the measured lengths; docs/results/h200_9603329): at S = 256, 28.7k tokens at B = 1 and
+# 10.2k at B = 4 (exact: 10.2 us + 1.7 us a sequence; B = 16 then 5.6k, santa measured faster from
+# 8k); at S = 2048 (the fixed budget) 48.5k, 27.7k and 26.4k at B = 1, 4, 16 (least squares: 7.2 us
+# + 10.5 us a sequence). Both costs linear in S through the two fits:
 SANTA_COST_SAMPLES = 256            # the S of SANTA_FIXED_COST_S and SANTA_PER_SEQUENCE_COST_S
-SANTA_FIXED_COST_S = 13.6e-6
-SANTA_PER_SEQUENCE_COST_S = 3.3e-6
-SANTA_FIXED_COST_PER_SAMPLE_S = 4.0e-9
-SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = 2.7e-9
+SANTA_FIXED_COST_S = 10.2e-6
+SANTA_PER_SEQUENCE_COST_S = 1.7e-6
+SANTA_FIXED_COST_PER_SAMPLE_S = -1.7e-9
+SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = 4.9e-9
 DEFAULT_BANDWIDTH = 4.8e12          # bytes/s (H200) where the device does not report its memory
 
 
