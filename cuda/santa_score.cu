@@ -131,16 +131,12 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
     }
 }
 
-// kL2Stash: the stash stays in the L2 (DecodePlan's stash_in_l2, where it fits in half of it): K
-// is read under an evict-first L2 policy (StreamedKeyRows), so that pass 2 finds the stash there
-// and drops it (santa_tile_warp); otherwise K is read plainly. Two instances, not a runtime branch:
-// the plain instance keeps the code (and the speed) it has without the policy.
-template <typename T, int D, int BN, int G, bool kL2Stash>
+template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, int batch,
                 float* __restrict__ scores,
-                float4* __restrict__ part_s, int santa_from,
+                float4* __restrict__ part_s, int santa_from, int stash_in_l2,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
@@ -165,7 +161,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         mq.load(q, head0, lane >> 2, lane & 3);
         using Run = KeyRun<T, D, BN, SC_SCORE_SPAN>;
         const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache);
-        if constexpr (kL2Stash)
+        if (stash_in_l2)                                 // warp-uniform: K evict-first, the stash stays in L2
             score_run<T, D, BN, G, Run>(mq, StreamedKeyRows<T, D>{K, l2_evict_first_policy()}, n, scale, L_max,
                                         T_max, t_begin, t_end, b, g, head0, scores, part_s);
         else

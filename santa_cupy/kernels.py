@@ -101,8 +101,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
                  prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
-        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, false>"
-        names["score_mma_l2"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, true>"   # the stash kept in the L2
+        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
     if key_sampling_supported(dtype_name, head_dim):     # block key sampling's pass 1 (key_pass.py)
         names["key_blocks"] = f"santa_key_blocks<{t}>"
         names["score_keys"] = f"santa_score_keys<{t}, {d}, {bn}, {g}>"
@@ -226,7 +225,6 @@ class KernelSet:
     dense_mma_blocked: object = None
     score: object = None
     score_mma: object = None
-    score_mma_l2: object = None
     tile: object = None
     tile_warp: object = None
     tile_warp_mma: object = None

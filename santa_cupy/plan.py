@@ -180,16 +180,9 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         # (key sampling: its score pass for every budget, santa_tile never scores K itself)
         two_pass = self.two_pass = method == "santa" and (budget != "fixed" or self._warp or setting.key_sampled) \
             and not self.one_pass
-        # the warp pipeline's stash [B, H, L_max] f32 kept in the L2 where it fits
-        # (kernel_choice.STASH_L2_FRACTION): the score pass's instance that reads K evict-first, and
-        # santa_tile_warp drops the stash's lines once read
-        limit = choice.stash_l2_max_bytes
-        if limit is None:
-            limit = int(kernel_choice.STASH_L2_FRACTION * kernels.device_l2_bytes(cupy.cuda.Device().attributes))
-        self.stash_in_l2 = int(self._warp and two_pass and 0 < batch * heads * max_length * 4 <= limit)
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
         # score pass (static shared memory only) and the warp pass 2 (its gather)
-        self._score_warp_kernel = (self.kernels.score_mma_l2 if self.stash_in_l2 else self.kernels.score_mma, 0)
+        self._score_warp_kernel = (self.kernels.score_mma, 0)
         # santa_tile_warp's two finishes (kFinish): o written by its last block up to
         # finish_max_groups (sequence, KV head) groups, else run partials and santa_merge
         self.finish_in_kernel = self._warp and batch * kv_heads <= choice.finish_max_groups
@@ -228,6 +221,12 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
         self.scores = cupy.empty((B, H, max_length) if two_pass else (1,), cupy.float32)
+        # the warp pipeline's stash kept in the L2 (santa_score_mma reads K evict-first, santa_tile_warp
+        # drops the stash's lines once read) where it fits: kernel_choice.STASH_L2_FRACTION
+        limit = choice.stash_l2_max_bytes
+        if limit is None:
+            limit = int(kernel_choice.STASH_L2_FRACTION * kernels.device_l2_bytes(cupy.cuda.Device().attributes))
+        self.stash_in_l2 = int(self._warp and two_pass and 0 < self.scores.nbytes <= limit)
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
         if not self.one_pass:                # one_pass: a view of its counters (below)

@@ -495,8 +495,8 @@ def test_short_sequences_run_dense(launches):
 
 
 def test_stash_in_l2_by_the_stash_bytes(launches):
-    """The warp pipeline keeps its stash in the L2 (santa_score_mma's instance reading K
-    evict-first, the stash dropped by santa_tile_warp, which gets the flag) up to stash_l2_max_bytes of stash
+    """The warp pipeline keeps its stash in the L2 (K evict-first in santa_score_mma, the stash
+    dropped by santa_tile_warp: both kernels get the flag) up to stash_l2_max_bytes of stash
     [B, H, L_max] float32 (automatic: kernel_choice.STASH_L2_FRACTION of the device's L2); 0 turns
     it off; dense plans never."""
     params = _kernel_params()
@@ -510,8 +510,8 @@ def test_stash_in_l2_by_the_stash_bytes(launches):
         assert plan.stash_in_l2 == want
         plan.run(q, k, v, lengths)
         by_name = {name: args for name, _, _, args, _ in launches}
-        assert int(by_name["santa_tile_warp"][params["santa_tile_warp"].index("stash_in_l2")]) == want
-        assert plan._score_warp_kernel[0] is (plan.kernels.score_mma_l2 if want else plan.kernels.score_mma)
+        for name in ("santa_score_mma", "santa_tile_warp"):
+            assert int(by_name[name][params[name].index("stash_in_l2")]) == want
     assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense").stash_in_l2 == 0
     big = make_plan(batch=64, heads=32, kv_heads=8, head_dim=128, max_length=8192, santa_min_length=0)
     assert big.scores.nbytes > kernel_choice.STASH_L2_FRACTION * kernels.DEFAULT_L2_BYTES and big.stash_in_l2 == 0
