@@ -44,10 +44,12 @@ FINISH_MAX_GROUPS = 32
 # The warp pipeline's score stash [B, H, L_max] float32 kept in the L2 up to this fraction of the
 # device's L2: santa_score_mma reads K with an evict-first L2 policy and santa_tile_warp drops the
 # stash's lines once read (discard.global.L2), so the stash need not reach DRAM either way. H200
-# (60 MiB L2), llama8b bf16, S=256 global, against the plain pipeline: B=1 32k (4 MB of stash)
-# 38.1 vs 42.2 us, B=1 128k and B=4 32k (17 MB) 92.4 / 99.2 vs 96.9 / 104.7; B=4 128k and B=16
-# 32k (67 MB) 347.1 / 390.5 vs 325.8 / 366.9 (the K stream then evicts the stash anyway, and the
-# hinted loads cost 3-5%), so above it the score pass reads K plainly and pass 2 drops nothing.
+# (60 MiB L2), llama8b bf16, S=256 global, one call, against the same loads under an evict-normal
+# policy: B=1 32k (4 MB of stash) 38.5 vs 42.2 us, B=1 128k and B=4 32k (17 MB) 91.1 / 99.6 vs
+# 99.7 / 107.2; B=4 128k and B=16 32k (67 MB) 347.1 / 390.5 vs 341.8 / 383.2, where the K stream
+# evicts the stash anyway. The hinted loads themselves cost 3-5% there against plain ones
+# (another call: 325.8 / 366.9), so above the fraction the score pass reads K plainly and pass 2
+# drops nothing (docs/results/h200_9603329).
 STASH_L2_FRACTION = 0.5
 
 
