@@ -8,7 +8,9 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
   santa, warp pipeline (systematic sampler, G <= 8, fp16/bf16 at D 64/128; every budget; the default):
         [decode_dense_mma for the sequences shorter than santa_from: the dense fallback]
         -> santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
-        (sample + gather; with few KV groups its last block per group writes o) [-> santa_merge]
+        (sample + gather; with few KV groups its last block per group writes o) [-> santa_merge];
+        where the stash fits in half the L2 (stash_in_l2) the score pass reads K evict-first and
+        santa_tile_warp drops the stash once read, so ``scores`` is undefined after such a run
   santa, block pass 2 (other samplers, G > 8, fp32, D 256):
         global / largest_remainder: santa_score -> santa_prefix -> santa_tile -> santa_merge
         fixed: santa_tile (score + sample + gather fused, one pass) -> santa_merge
