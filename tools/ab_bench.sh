@@ -8,12 +8,15 @@
 #   METHODS=... EXTRA_METHODS=... BATCHES=1,16 CONTEXTS=32k bash tools/ab_bench.sh
 # EXTRA_METHODS go to the trees whose bench knows them (e.g. santa-...-warpmma on a branch that adds
 # it); a tree that rejects them runs METHODS alone.
+# Each tree's JSON and log go into one tarball, $OUT/ab_results.tgz (the device returns at most 8
+# files a call: two a tree did not come back from a call of four trees).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
+RES=$(mktemp -d)
 M=${METHODS:-dense,santa-global-systematic-256,santa-global-systematic-256-always,torch-cudnn}
 run() {   # tree name methods
   (cd "$1" && PYTHONPATH=.:/tmp/site timeout ${BENCH_TIMEOUT:-150} python3 bench.py kernels --batch "${BATCHES:-1,16}" \
-     --context "${CONTEXTS:-32k}" --methods "$3" --no-ceiling --json "$OUT/ab_$2.json" 2>"$OUT/ab_$2.err")
+     --context "${CONTEXTS:-32k}" --methods "$3" --no-ceiling --json "$RES/ab_$2.json" 2>"$RES/ab_$2.err")
 }
 for tree in . .ab_*; do
   [ -f "$tree/bench.py" ] || continue
@@ -27,5 +30,6 @@ parse_method = importlib.import_module(entry.bench.callback.__module__ + '.metho
   else
     run "$tree" "$name" "$M"
   fi | grep "^| llama" | sed "s/^/$name /"
-  tail -1 "$OUT/ab_$name.err"
+  tail -1 "$RES/ab_$name.err"
 done
+tar -czf "$OUT/ab_results.tgz" -C "$RES" .
