@@ -15,8 +15,8 @@
 #include "mma.cuh"
 
 // 16-key steps a K register buffer of santa_score_mma holds (KeyRun's SPAN): two, 8 KB a warp in
-// flight at 2 blocks an SM (213 registers), measured 1-3% faster than one step at 3 blocks an SM
-// (H200, B=16 32k 366.9 vs 373.4 us, B=1 32k 42.2 vs 43.5).
+// flight at 2 blocks an SM (over 200 registers), measured 1-3% faster than one step at 3 blocks an
+// SM (H200, B=16 32k 366.9 vs 373.4 us, B=1 32k 42.2 vs 43.5).
 #define SC_SCORE_SPAN 2
 
 // Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and

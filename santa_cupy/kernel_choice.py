@@ -101,17 +101,16 @@ class KernelChoice:
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
         spec.check_choice("score_kernel", self.score_kernel, SCORE_KERNELS)
         spec.check_choice("tile_kernel", self.tile_kernel, TILE_KERNELS)
-        for name in ("tiles_per_warp", "dense_splits"):
+        # (name, least value, None allowed: automatic)
+        for name, low, automatic in (("tiles_per_warp", 1, True), ("dense_splits", 1, True),
+                                     ("self_merge_max_splits", 0, False), ("fused_fixed_max_kv_bytes", 0, False),
+                                     ("finish_max_groups", 0, False), ("stash_l2_max_bytes", 0, True)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be None (automatic) or an integer >= 1, got {value!r}")
-        for name in ("self_merge_max_splits", "fused_fixed_max_kv_bytes", "finish_max_groups"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        value = self.stash_l2_max_bytes
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
-            raise ValueError(f"stash_l2_max_bytes must be None (automatic) or an integer >= 0, got {value!r}")
+            if automatic and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                what = "None (automatic) or an integer" if automatic else "an integer"
+                raise ValueError(f"{name} must be {what} >= {low}, got {value!r}")
         for name in ("merge_wide", "programmatic"):
             value = getattr(self, name)
             if not (value is None or isinstance(value, bool)):
