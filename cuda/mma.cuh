@@ -374,22 +374,16 @@ struct KeyRun {
     }
 
     // Step keys [key0, key0 + KS) (those < key_end) into buf; step0: a row of the sequence the step
-    // may address. SPAN > 1: each 16-key piece from its own base (KRows::sub_step), since a step
-    // of 32 or more keys may cross a page of a paged cache.
+    // may address, and the step's one page-table lookup. A step of SPAN > 1 pieces of 16 keys must
+    // lie in one page: the caller picks SPAN 1 for pages of a size not a multiple of 16 SPAN rows
+    // (CacheRows::steps_in_page, santa_score_mma). A base per piece measured 4-10% slower on the H200
+    // (B=1 32k 43.3 against 39.3 us, B=16 32k 402.1 against 386.9: 40% more instructions).
     template <typename KRows>
     __device__ __forceinline__ void load_step(u32 (&buf)[NT][W], const KRows& K, i64 b, i64 key0, i64 step0,
                                               i64 key_end, int g, int gi, int tq) {
         const T* base = K.row(b, step0, g);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            if constexpr (SPAN == 1) {
-                load_key_slice(buf[j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
-            } else {
-                const i64 sub0 = step0 + 16 * (j >> 1);
-                load_key_slice(buf[j], K, K.sub_step(base, b, step0, sub0, key_end, g), b, sub0, key0 + 8 * j + gi,
-                               key_end, g, tq);
-            }
-        }
+        for (int j = 0; j < NT; ++j) load_key_slice(buf[j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
     }
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,

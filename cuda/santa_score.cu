@@ -16,7 +16,8 @@
 
 // 16-key steps a K register buffer of santa_score_mma holds (KeyRun's SPAN): two, 8 KB a warp in
 // flight at 2 blocks an SM (over 200 registers), measured 1-3% faster than one step at 3 blocks an
-// SM (H200, B=16 32k 366.9 vs 373.4 us, B=1 32k 42.2 vs 43.5).
+// SM (H200, B=16 32k 366.9 vs 373.4 us, B=1 32k 42.2 vs 43.5). A step must lie in one page, so
+// pages of a size that is not a multiple of 16 SC_SCORE_SPAN rows (16, 48) take one step a buffer.
 #define SC_SCORE_SPAN 2
 
 // Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
@@ -131,6 +132,20 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
     }
 }
 
+// score_run on the plain K rows, or (stash_in_l2, warp-uniform) on K read evict-first so that the
+// stash stays in the L2 for pass 2.
+template <typename T, int D, int BN, int G, typename Run>
+__device__ __forceinline__ void score_run_rows(const MmaQuery<T, D, G>& mq, const CacheRows<T, D>& K, int stash_in_l2,
+                                               int n, float scale, i64 L_max, int T_max, int t_begin, int t_end,
+                                               i64 b, int g, i64 head0, float* __restrict__ scores,
+                                               float4* __restrict__ part_s) {
+    if (stash_in_l2)
+        score_run<T, D, BN, G, Run>(mq, StreamedKeyRows<T, D>{K, l2_evict_first_policy()}, n, scale, L_max, T_max,
+                                    t_begin, t_end, b, g, head0, scores, part_s);
+    else
+        score_run<T, D, BN, G, Run>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
+}
+
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
@@ -159,13 +174,13 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         const int lane = threadIdx.x & 31;
         MmaQuery<T, D, G> mq;
         mq.load(q, head0, lane >> 2, lane & 3);
-        using Run = KeyRun<T, D, BN, SC_SCORE_SPAN>;
         const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache);
-        if (stash_in_l2)                                 // warp-uniform: K evict-first, the stash stays in L2
-            score_run<T, D, BN, G, Run>(mq, StreamedKeyRows<T, D>{K, l2_evict_first_policy()}, n, scale, L_max,
-                                        T_max, t_begin, t_end, b, g, head0, scores, part_s);
+        if (page_size % (16 * SC_SCORE_SPAN) == 0)       // contiguous (0) or whole steps a page
+            score_run_rows<T, D, BN, G, KeyRun<T, D, BN, SC_SCORE_SPAN>>(mq, K, stash_in_l2, n, scale, L_max, T_max,
+                                                                          t_begin, t_end, b, g, head0, scores, part_s);
         else
-            score_run<T, D, BN, G, Run>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
+            score_run_rows<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, stash_in_l2, n, scale, L_max, T_max, t_begin, t_end,
+                                                          b, g, head0, scores, part_s);
     }
     pdl_launch_dependents();
 }

@@ -41,13 +41,6 @@ struct CacheRows {
     __device__ __forceinline__ const T* step_key(const T* base, i64 b, i64 j0, i64 key, int g) const {
         return steps_in_page() ? step_row(base, key - j0) : row(b, key, g);
     }
-    // The base of the 16-key piece at sub0 (a multiple of 16 past j0) of a longer step starting at
-    // j0 (base = row(b, j0, g)): a piece lies in one page, a longer step only where pages hold a
-    // multiple of 32 rows (or the cache is contiguous). Past the step's rows (sub0 >= end) the
-    // base of j0, whose loads are masked.
-    __device__ __forceinline__ const T* sub_step(const T* base, i64 b, i64 j0, i64 sub0, i64 end, int g) const {
-        return (page_size & 31) == 0 ? step_row(base, sub0 - j0) : row(b, sub0 < end ? sub0 : j0, g);
-    }
 };
 
 // A K cache in the feature-blocked layout kb [B, KVH, NP, C, P, FB] (santa_cupy/key_layout.py;
@@ -79,11 +72,6 @@ struct BlockedKeyRows {
     // Row `key` of a step starting at j0 (base = row(b, j0, g)): a 16-key step lies in one page.
     __device__ __forceinline__ const T* step_key(const T* base, i64 b, i64 j0, i64 key, int g) const {
         return base + (key - j0) * FB;
-    }
-    // The base of the 16-key piece at sub0 of a step starting at j0 (CacheRows::sub_step): a step of
-    // up to P keys lies in one page.
-    __device__ __forceinline__ const T* sub_step(const T* base, i64 b, i64 j0, i64 sub0, i64 end, int g) const {
-        return base + (sub0 - j0) * FB;
     }
 };
 
