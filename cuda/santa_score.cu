@@ -14,12 +14,6 @@
 #include "stream.cuh"
 #include "mma.cuh"
 
-// 16-key steps a K register buffer of santa_score_mma holds (KeyRun's SPAN): two, 8 KB a warp in
-// flight at 2 blocks an SM (over 200 registers), measured 1-3% faster than one step at 3 blocks an
-// SM (H200, B=16 32k 366.9 vs 373.4 us, B=1 32k 42.2 vs 43.5). A step must lie in one page, so
-// pages of a size that is not a multiple of 16 SC_SCORE_SPAN rows (16, 48) take one step a buffer.
-#define SC_SCORE_SPAN 2
-
 // Stash the tile's scores s[G][BN] (shared memory) into scores[b, h, row0 + j] for j < nrows and
 // its stats into part_s[b, h, t] = (m, l, 0, 0); head0 = b * H + g * G. Whole block.
 template <int BN>
@@ -146,7 +140,14 @@ __device__ __forceinline__ void score_run_rows(const MmaQuery<T, D, G>& mq, cons
         score_run<T, D, BN, G, Run>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
 }
 
-template <typename T, int D, int BN, int G>
+// SPAN: 16-key steps a K register buffer holds (KeyRun). Two (kernels.SCORE_SPAN), 8 KB a warp in
+// flight at 2 blocks an SM (over 200 registers), measured 1-3% faster than one step at 3 blocks an
+// SM (H200, B=16 32k 366.9 vs 373.4 us, B=1 32k 42.2 vs 43.5). A step must lie in one page, so the
+// plan takes the SPAN 1 instance for pages of a size that is not a multiple of 32 rows (16, 48).
+// One instance per SPAN rather than a branch on page_size inside one kernel: with both runs in one
+// kernel ptxas gave it 210 registers instead of 222 and the stash-in-L2 route lost its gain
+// (B=1 32k 43.6 against 38.9 us, H200).
+template <typename T, int D, int BN, int G, int SPAN>
 __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, int batch,
@@ -175,12 +176,8 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         MmaQuery<T, D, G> mq;
         mq.load(q, head0, lane >> 2, lane & 3);
         const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache);
-        if (page_size % (16 * SC_SCORE_SPAN) == 0)       // contiguous (0) or whole steps a page
-            score_run_rows<T, D, BN, G, KeyRun<T, D, BN, SC_SCORE_SPAN>>(mq, K, stash_in_l2, n, scale, L_max, T_max,
-                                                                          t_begin, t_end, b, g, head0, scores, part_s);
-        else
-            score_run_rows<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, stash_in_l2, n, scale, L_max, T_max, t_begin, t_end,
-                                                          b, g, head0, scores, part_s);
+        score_run_rows<T, D, BN, G, KeyRun<T, D, BN, SPAN>>(mq, K, stash_in_l2, n, scale, L_max, T_max, t_begin,
+                                                             t_end, b, g, head0, scores, part_s);
     }
     pdl_launch_dependents();
 }

@@ -101,7 +101,8 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
     names.update(score=f"santa_score<{t}, {d}, {bn}, {g}>", tile=f"santa_tile<{t}, {d}, {bn}, {g}>",
                  prefix="santa_prefix")
     if mma_supported(dtype_name, head_dim):
-        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}>"
+        names["score_mma"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, {SCORE_SPAN}>"
+        names["score_mma_span1"] = f"santa_score_mma<{t}, {d}, {bn}, {g}, 1>"   # pages of 16, 48 rows
     if key_sampling_supported(dtype_name, head_dim):     # block key sampling's pass 1 (key_pass.py)
         names["key_blocks"] = f"santa_key_blocks<{t}>"
         names["score_keys"] = f"santa_score_keys<{t}, {d}, {bn}, {g}>"
@@ -143,6 +144,17 @@ MMA_DTYPES, MMA_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # decode_dense_
 def mma_supported(dtype_name, head_dim) -> bool:
     """Whether the tensor-core dense kernel (v4) has an instance for this dtype and head_dim."""
     return dtype_name in MMA_DTYPES and head_dim in MMA_HEAD_DIMS
+
+
+# santa_score_mma's SPAN: 16-key steps a K register buffer holds (santa_score.cu). A step must lie
+# in one page of a paged cache, so pages of a size not a multiple of 16 * SCORE_SPAN rows take the
+# one-step instance (score_mma_span1).
+SCORE_SPAN = 2
+
+
+def score_span(page_size) -> int:
+    """santa_score_mma's SPAN for a cache of this page_size (None: contiguous)."""
+    return SCORE_SPAN if page_size is None or page_size % (16 * SCORE_SPAN) == 0 else 1
 
 
 KEY_SAMPLING_DTYPES, KEY_SAMPLING_HEAD_DIMS = ("float16", "bfloat16"), (64, 128)   # santa_score_keys' instances
@@ -225,6 +237,7 @@ class KernelSet:
     dense_mma_blocked: object = None
     score: object = None
     score_mma: object = None
+    score_mma_span1: object = None
     tile: object = None
     tile_warp: object = None
     tile_warp_mma: object = None

@@ -184,7 +184,8 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
             and not self.one_pass
         # (kernel, dynamic shared memory) of the one-warp-per-run kernels, resolved once: the v4
         # score pass (static shared memory only) and the warp pass 2 (its gather)
-        self._score_warp_kernel = (self.kernels.score_mma, 0)
+        self._score_warp_kernel = (self.kernels.score_mma if kernels.score_span(self.page_size) == kernels.SCORE_SPAN
+                                   else self.kernels.score_mma_span1, 0)
         # santa_tile_warp's two finishes (kFinish): o written by its last block up to
         # finish_max_groups (sequence, KV head) groups, else run partials and santa_merge
         self.finish_in_kernel = self._warp and batch * kv_heads <= choice.finish_max_groups

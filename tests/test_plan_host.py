@@ -520,6 +520,22 @@ def test_stash_in_l2_by_the_stash_bytes(launches):
             make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, stash_l2_max_bytes=bad)
 
 
+def test_score_steps_lie_in_one_page(launches):
+    """santa_score_mma reads K in steps of kernels.SCORE_SPAN 16-key pieces, one page-table lookup a
+    step, so a step must lie in one page: contiguous caches and pages of a multiple of 32 rows take
+    that instance, pages of 16 or 48 rows (or any size not a multiple of 32) the one-piece one."""
+    assert kernels.SCORE_SPAN == 2
+    names = kernels.instance_names("bfloat16", 128, 4, "santa128")
+    assert names["score_mma"] == "santa_score_mma<bf16_t, 128, 128, 4, 2>"
+    assert names["score_mma_span1"] == "santa_score_mma<bf16_t, 128, 128, 4, 1>"
+    for page_size, span in ((None, 2), (32, 2), (64, 2), (256, 2), (16, 1), (48, 1), (8, 1), (100, 1)):
+        assert kernels.score_span(page_size) == span
+        plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=0,
+                         page_size=page_size)
+        want = plan.kernels.score_mma if span == 2 else plan.kernels.score_mma_span1
+        assert plan._score_warp_kernel[0] is want
+
+
 def test_many_groups_merge_after_the_warp_pass(launches):
     """Above kernel_choice.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 writes run
     partials and santa_merge follows (o_stride = the run length, its santa_from the plan's)."""
