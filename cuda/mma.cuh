@@ -374,10 +374,9 @@ struct KeyRun {
     }
 
     // Step keys [key0, key0 + KS) (those < key_end) into buf; step0: a row of the sequence the step
-    // may address, and the step's one page-table lookup. A step of SPAN > 1 pieces of 16 keys must
-    // lie in one page: santa_score_mma's SPAN 1 instance serves pages of a size not a multiple of
-    // 16 SPAN rows (kernels.score_span). A base per piece measured 4-10% slower on the H200 (B=1
-    // 32k 43.3 against 39.3 us, B=16 32k 402.1 against 386.9: 40% more instructions).
+    // may address, and the step's one page-table lookup, so a step must lie in one page
+    // (santa_score_mma's instance per SPAN, kernels.score_span; a base per 16-key piece instead
+    // cost 40% more instructions and 4-8% of the pass, H200).
     template <typename KRows>
     __device__ __forceinline__ void load_step(u32 (&buf)[NT][W], const KRows& K, i64 b, i64 key0, i64 step0,
                                               i64 key_end, int g, int gi, int tq) {
