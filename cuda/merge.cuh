@@ -76,25 +76,16 @@ __device__ __forceinline__ void write_empty_heads(T* out, float* lse, float* spr
 // o = inv_s * acc (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks pre-weighted sums,
 // o = acc), spread = sqrt(var / D) with var = max(0, acc_var / S - |o|^2) / S (global) or
 // max(0, acc_var) (fixed). valid false (the head's softmax normaliser was NaN or inf): o = NaN.
+// One head's o and spread from its sums, by one warp (lane: its E = D/32 elements of o; m2 the
+// whole warp's): o = inv_s * acc (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks
+// pre-weighted sums, o = acc), spread = sqrt(var / D) with var = max(0, m2 / S - |o|^2) / S
+// (global) or max(0, m2) (fixed). valid false (the head's softmax normaliser was NaN or inf): o NaN.
 template <typename T, int D>
-__device__ __forceinline__ void finish_head(float* acc, float* acc_var, i64 stride, float inv_s, bool valid, T* out,
-                                            float* spread) {
+__device__ __forceinline__ void write_head(float (&o)[D / 32], float m2, float inv_s, bool valid, T* out,
+                                           float* spread) {
     constexpr int E = D / 32;
     const int lane = threadIdx.x & 31;
     const float nan = __int_as_float(0x7fc00000);
-    float o[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = 0.f;
-#pragma unroll
-    for (int c = 0; c < SC_ACC_COPIES; ++c)
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            o[e] += __ldcg(acc + c * stride + lane * E + e);
-            acc[c * stride + lane * E + e] = 0.f;
-        }
-    float m2 = 0.f;
-    if (lane < SC_ACC_COPIES) { m2 = __ldcg(acc_var + lane * stride); acc_var[lane * stride] = 0.f; }
-    m2 = warp_sum(m2);
     float sq = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -108,6 +99,56 @@ __device__ __forceinline__ void finish_head(float* acc, float* acc_var, i64 stri
         const float var = inv_s > 0.f ? fmaxf(0.f, m2 * inv_s - sq) * inv_s : fmaxf(0.f, m2);
         *spread = valid ? sqrtf(var / (float)D) : nan;
     }
+}
+
+// One head's output from the call's accumulators, by one warp, which zeroes them for the next call:
+// acc[c * stride + :D] and acc_var[c * stride] summed over the SC_ACC_COPIES copies c (write_head).
+template <typename T, int D>
+__device__ __forceinline__ void finish_head(float* acc, float* acc_var, i64 stride, float inv_s, bool valid, T* out,
+                                            float* spread) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31;
+    float o[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int c = 0; c < SC_ACC_COPIES; ++c)
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            o[e] += __ldcg(acc + c * stride + lane * E + e);
+            acc[c * stride + lane * E + e] = 0.f;
+        }
+    float m2 = 0.f;
+    if (lane < SC_ACC_COPIES) { m2 = __ldcg(acc_var + lane * stride); acc_var[lane * stride] = 0.f; }
+    write_head<T, D>(o, warp_sum(m2), inv_s, valid, out, spread);
+}
+
+// One head's output from its n_parts block partials, by one warp (write_head): part_o [n_parts, D]
+// and part_s[p].z (m2), written by other blocks of this kernel (__ldcg), summed in part order (a
+// re-run writes the same bits), 8 partials in flight a lane. Not inlined: inlined, it made the
+// kernel spill (ptxas, the 128-register cap of santa_tile_warp).
+template <typename T, int D>
+__device__ __noinline__ void finish_head_from_parts(const float* part_o, const float4* part_s, int n_parts,
+                                                       float inv_s, bool valid, T* out, float* spread) {
+    constexpr int E = D / 32, U = 8;
+    const int lane = threadIdx.x & 31;
+    float o[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = 0.f;
+    for (int p0 = 0; p0 < n_parts; p0 += U) {                // warp-uniform
+        float v[U][E];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (p0 + u < n_parts) load_lane<E, true>(part_o + (i64)(p0 + u) * D + lane * E, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (p0 + u < n_parts)
+#pragma unroll
+                for (int e = 0; e < E; ++e) o[e] += v[u][e];
+    }
+    float m2 = 0.f;
+    for (int p = lane; p < n_parts; p += 32) m2 += __ldcg(&part_s[p].z);
+    write_head<T, D>(o, warp_sum(m2), inv_s, valid, out, spread);
 }
 
 // Up to 32 dense split partials of one head in one L2 round trip (lane p holds part p's stats, every

@@ -175,16 +175,16 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 //   fixed: S_t = max(1, S // T_b) comb points in every tile, weight w_t = (W_t / Z) / S_t with
 //     W_t / Z = cdf[t] - cdf[t-1]: sum_t w_t sum c V and m2 = sum_t w_t^2 (sum c ||V||^2 -
 //     ||sum c V||^2 / S_t) (the tiles' variances; o = the sum).
-// Then one of two finishes (kFinish, the plan's choice from B * KVH, kernels.FINISH_MAX_GROUPS):
-//   kFinish: the block sums its 4 runs in shared memory and adds them into copy blockIdx.x %
-//     SC_ACC_COPIES of the accumulators acc [copies][B*H*D + B*H]; the last block of the
-//     (sequence, KV head) to arrive writes o and spread (finish_head) and zeroes its copies. One
-//     launch for sample, gather and merge: faster with few groups (B=1 32k: 11.5 us against 7.4 +
-//     5.9 for partials + santa_merge).
-//   !kFinish: the run's partial in its first tile's slots, part_o[b, h, t0, :] = sum and part_s.zw
-//     = (m2, ||sum||^2) (pass 1's (m, l) in .xy stay for the merge's log-sum-exp); a run without
-//     comb points writes nothing and santa_merge (o_stride = c, kind sum / weighted)
-//     skips it. Faster with many groups (B=16 32k: 69 + 9 us against 86 for finish 1).
+// The block sums its 4 runs in shared memory, then one of two finishes (kFinish, the plan's choice
+// from B * KVH, kernels.FINISH_MAX_GROUPS); either way the last block of the (sequence, KV head) to
+// arrive writes o and spread, so sample, gather and merge are one launch:
+//   kFinish: the block adds its sums into copy blockIdx.x % SC_ACC_COPIES of the accumulators
+//     acc [copies][B*H*D + B*H]; the last block reads the copies (finish_head) and zeroes them.
+//     For few groups, whose many blocks a group the atomics spread over the L2 (B=1 32k: 64).
+//   !kFinish: the block stores its sums as its partial, part_o[b, h, blk, :] and part_s[b, h,
+//     blk].z = m2 (pass 1's (m, l) of tile blk in .xy untouched); the last block sums the group's
+//     partials in block order (finish_head_from_parts). For many groups, a few blocks each (B=16
+//     32k: 4).
 // A sequence of length 0 (santa_from 0): o = 0, lse = -inf, spread = 0, rows_read = 0.
 // The run's sums live in shared memory (each lane its own D/32 slice per head, or the mma
 // fragment's elements) rather than registers, so they are not live through the counts phase (at
@@ -664,51 +664,50 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         if (lane == 0) m2_w[h] = m2;
     }
     if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
-    if constexpr (!kFinish) {                // the run's partial in t0's slots; santa_merge follows
-        if (rows_total == 0) return;         // no comb point: part_s[., t0].zw stay pass 1's zeros
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float sq = 0.f;
-            float* dst = part_o + ((head0 + h) * T_max + t0) * D + lane * E;
-#pragma unroll
-            for (int e = 0; e < E; ++e) {
-                dst[e] = sums[h * D + e];
-                sq = fmaf(sums[h * D + e], sums[h * D + e], sq);
-            }
-            sq = warp_sum(sq);
-            if (lane == 0) {
-                part_s[(head0 + h) * T_max + t0].z = m2_w[h];
-                part_s[(head0 + h) * T_max + t0].w = sq;
-            }
-        }
-        return;
-    }
     } else if (lane < G) {
-        if constexpr (!kFinish) return;
         m2_w[lane] = 0.f;
     }
-    // The block's 4 runs summed, then added into one of SC_ACC_COPIES copies of the call's
-    // accumulators (by block: fewer atomics on each address); exact zeros (no point) are skipped.
+    // The block's 4 runs summed (sums_all: the 4 warps' [G][D] sums; warp w's m2_w after its
+    // cnt [G][BN]), then
+    //   kFinish: added into one of SC_ACC_COPIES copies of the call's accumulators (by block: fewer
+    //     atomics on each address; exact zeros, no point, are skipped);
+    //   !kFinish: stored as the block's partial, part_o[b, h, blk, :] and part_s[b, h, blk].z = m2
+    //     (every block with work writes one, zeros where it drew no point).
     __syncthreads();
+    const float* sums_all = reinterpret_cast<const float*>(smem) + kWarps * (G * BN + BN);
+    auto m2_of = [&](int w, int h) { return reinterpret_cast<const float*>(smem)[w * (G * BN + BN) + G * BN + h]; };
     const i64 copy_stride = (i64)batch * H * (D + 1);
     float* copy = acc + (i64)(blk % SC_ACC_COPIES) * copy_stride;
-    const float* sums_all = reinterpret_cast<const float*>(smem) + kWarps * (G * BN + BN);
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
         float x = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) x += sums_all[w * G * D + idx];
-        if (x != 0.f) atomicAdd(copy + head0 * D + idx, x);
+        if constexpr (kFinish) {
+            if (x != 0.f) atomicAdd(copy + head0 * D + idx, x);
+        } else {
+            part_o[((head0 + idx / D) * T_max + blk) * D + idx % D] = x;
+        }
     }
     for (int h = threadIdx.x; h < G; h += SC_NTHREADS) {
-        float x = 0.f;                                         // warp w's m2_w: after its cnt [G][BN]
+        float x = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) x += reinterpret_cast<const float*>(smem)[w * (G * BN + BN) + G * BN + h];
-        if (x != 0.f) atomicAdd(copy + (i64)batch * H * D + head0 + h, x);
+        for (int w = 0; w < kWarps; ++w) x += m2_of(w, h);
+        if constexpr (kFinish) {
+            if (x != 0.f) atomicAdd(copy + (i64)batch * H * D + head0 + h, x);
+        } else {
+            part_s[(head0 + h) * T_max + blk].z = x;
+        }
     }
-    // The last block of the (b, KV head) to finish writes o and spread and zeroes the copies.
+    // The last block of the (b, KV head) to finish writes o and spread (kFinish: and zeroes the
+    // copies).
     if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
-    for (int h = warp; h < G; h += kWarps)
-        finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride,
-                          fixed ? 0.f : 1.f / (float)samples, isfinite(lse[head0 + h]), out + (head0 + h) * D,
-                          spread + head0 + h);
+    const float inv_s = fixed ? 0.f : 1.f / (float)samples;
+    for (int h = warp; h < G; h += kWarps) {
+        if constexpr (kFinish)
+            finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride, inv_s,
+                              isfinite(lse[head0 + h]), out + (head0 + h) * D, spread + head0 + h);
+        else
+            finish_head_from_parts<T, D>(part_o + (head0 + h) * T_max * D, part_s + (head0 + h) * T_max, (int)blocks,
+                                         inv_s, isfinite(lse[head0 + h]), out + (head0 + h) * D, spread + head0 + h);
+    }
 }

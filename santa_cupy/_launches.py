@@ -57,19 +57,14 @@ class _PlanLaunches:
                     return stages
             stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
             stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
-            if self.finish_in_kernel:
-                stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
-                                                                                    pages)
-            else:
-                stages["sample + gather (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out, pages)
-                stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n,
-                                                      self.merge_stride)
+            stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
+                                                                                pages)
             return stages
         if self.two_pass:
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         stages[f"tile (sample + gather, {self.tile_kernel})"] = lambda: self._tile(
             q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
-        stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n, self.merge_stride)
+        stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n)
         return stages
 
     def _dense(self, q, k_cache, v_cache, lengths, out, pages):
@@ -120,10 +115,10 @@ class _PlanLaunches:
 
     def _tile_warp(self, v_cache, lengths, layer, out, pages):
         """santa_tile_warp: one warp per run of tile_tpw tiles samples and gathers; with
-        finish_in_kernel the last block of each (b, KV head) writes o and spread, else the runs'
-        partials are santa_merge's."""
+        the last block of each (b, KV head) writes o and spread, from accumulators the blocks add
+        into (atomic_finish) or from the blocks' partials."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        self._launch(self._warp_kernels[self.finish_in_kernel], (self.KVH, self._run_blocks(self.tile_tpw)),
+        self._launch(self._warp_kernels[self.atomic_finish], (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,

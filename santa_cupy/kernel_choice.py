@@ -36,10 +36,11 @@ MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many exp
 # "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
 # H200: fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
-# santa_tile_warp's two finishes (kFinish: o written by its last block, or run partials): finishing
-# in the kernel (atomics, last block) measured faster for few KV groups (B=1: 11.5 vs 7.4 + 5.9 us
-# with santa_merge), slower for many (B=16 32k: 86 vs 69 + 9 us), so above this many (sequence, KV
-# head) groups the runs write partials and santa_merge follows.
+# santa_tile_warp's two finishes (kFinish), both by the last block of each (sequence, KV head): the
+# blocks add their sums into accumulators (atomics) up to this many groups, each with many blocks
+# (B=1 32k: 64 a group), or store block partials that the last block sums, for many groups of a few
+# blocks each (B=16 32k: 4; atomics measured 86 us there against 69 + 9 for run partials and
+# santa_merge).
 FINISH_MAX_GROUPS = 32
 # The warp pipeline's score stash [B, H, L_max] float32 kept in the L2 up to this fraction of the
 # device's L2: santa_score_mma reads K with an evict-first L2 policy and santa_tile_warp drops the
@@ -72,7 +73,8 @@ class KernelChoice:
     self_merge_max_splits: the dense kernel merges in its last block up to this many splits.
     fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.
     mma_min_rows: "auto" gathers on tensor cores from this many expected rows per tile.
-    finish_max_groups: the warp pass 2 writes o itself up to this many (sequence, KV head) groups.
+    finish_max_groups: the warp pass 2 finishes through atomics up to this many (sequence, KV head)
+        groups, above by block partials.
     stash_l2_max_bytes: the warp pipeline keeps its score stash in the L2 (K read evict-first, the
         stash dropped once pass 2 has read it: plan.scores is then undefined after a run) up to
         this many stash bytes; None: STASH_L2_FRACTION of the device's L2; 0: never (the stash

@@ -186,12 +186,13 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         # score pass (static shared memory only) and the warp pass 2 (its gather)
         self._score_warp_kernel = (self.kernels.score_mma if kernels.score_span(self.page_size) == kernels.SCORE_SPAN
                                    else self.kernels.score_mma_span1, 0)
-        # santa_tile_warp's two finishes (kFinish): o written by its last block up to
-        # finish_max_groups (sequence, KV head) groups, else run partials and santa_merge
-        self.finish_in_kernel = self._warp and batch * kv_heads <= choice.finish_max_groups
-        self._warp_kernels = ({finish: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if finish else ""))
-                               for finish in (False, True)} if self._warp else None)
-        self._warp_kernel = self._warp_kernels[self.finish_in_kernel] if self._warp else None
+        # santa_tile_warp's two finishes (kFinish), both by the last block of a (sequence, KV head):
+        # the blocks' sums added into accumulators (atomics) up to finish_max_groups groups, else
+        # stored as block partials that the last block sums
+        self.atomic_finish = self._warp and batch * kv_heads <= choice.finish_max_groups
+        self._warp_kernels = ({atomic: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if atomic else ""))
+                               for atomic in (False, True)} if self._warp else None)
+        self._warp_kernel = self._warp_kernels[self.atomic_finish] if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim,
                                                        mma=self.tile_kernel == "warp_mma")
         # how santa_merge combines the fused run's partials
@@ -218,8 +219,6 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                 self._one_pass_smem = kernels.one_pass_smem_bytes(self.block_n, self.G, head_dim, dtype)
                 self.one_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.one_pass, self._one_pass_smem)
         self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
-        # tiles summed per partial: the warp pass 2 writes one per run, the block kernel one per tile
-        self.merge_stride = self.tile_tpw if self._warp else 1
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
         self.part_s = cupy.empty((B, H, P, 4), cupy.float32)
@@ -341,14 +340,12 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                     return out
             self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
             self._tile_warp(v_cache, lengths, layer, out, pages)
-            if not self.finish_in_kernel:
-                self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
             return out
         self.rows_read.fill(0)
         if self.two_pass:
             self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         self._tile(q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
-        self._merge(lengths, out, self._merge_kind, self.block_n, self.merge_stride)
+        self._merge(lengths, out, self._merge_kind, self.block_n)
         return out
 
     def _validate(self, q, k_cache, v_cache, lengths, block_table):

@@ -105,7 +105,7 @@ def record(make_plan, log):
             ids.setdefault(id(getattr(plan, buf)), len(ids))
         attrs = {a: repr(getattr(plan, a, None)) for a in (
             "dense_kernel", "score_kernel", "tile_kernel", "score_tpw", "tile_tpw", "P_max", "santa_from",
-            "finish_in_kernel", "dense_merges_itself", "two_pass", "merge_stride", "block_n", "T_max")}
+            "atomic_finish", "dense_merges_itself", "two_pass", "block_n", "T_max")}
         out[name] = {"attrs": attrs, "launches": [
             [kname, [int(x) for x in grid], [int(x) for x in block], [_encode(a, ids) for a in args], int(smem)]
             for kname, grid, block, args, smem in log]}

@@ -28,6 +28,8 @@ ROUTES = [
     dict(method="santa", budget="global", sampler="iid"),
     dict(method="santa", budget="fixed", tile_kernel="block"),
     dict(method="santa", budget="global", santa_min_length=500),     # short sequences run dense
+    dict(method="santa", budget="global", finish_max_groups=0),       # the warp pass 2 from block partials
+    dict(method="santa", budget="fixed", tile_kernel="warp", finish_max_groups=0),
 ]
 
 
@@ -117,6 +119,24 @@ def test_warp_pipeline_leaves_workspaces_clean(budget):
     assert not plan.acc.get().any()
 
 
+@pytest.mark.parametrize("budget", ["global", "fixed"])
+def test_block_partial_finish_is_deterministic(budget):
+    """The warp pass 2 finishing from block partials (many KV groups) sums them in block order: the
+    same step run again, with another batch in between, writes the same bits."""
+    rng = np.random.default_rng(9)
+    L_max = 9000
+    q, k, v, lens = random_inputs(rng, 3, 8, 2, 128, L_max, [9000, 129, 4097], "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    plan = _plan(L_max, budget=budget, tile_kernel="warp", finish_max_groups=0, tiles_per_warp=1)
+    assert not plan.atomic_finish
+    first = plan.run(qg, kg, vg, lg).get().copy()
+    spread = plan.spread.get().copy()
+    plan.run(qg, kg, vg, to_gpu(lens // 3)[0])
+    assert np.array_equal(plan.run(qg, kg, vg, lg).get(), first)
+    assert np.array_equal(plan.spread.get(), spread)
+    assert int(plan.arrive.get().sum()) == 0
+
+
 def test_short_sequences_run_dense_in_a_santa_plan():
     """santa_min_length=1000: sequences of 1..999 rows are exact (as a dense plan, rows_read their
     length), the others as a santa plan that runs santa everywhere (same counts)."""
@@ -151,8 +171,8 @@ def test_short_sequences_run_dense_in_a_santa_plan():
 
 
 @pytest.mark.parametrize("budget", ["global", "fixed"])
-def test_warp_finish_and_merge_routes_agree(budget):
-    """The warp pass 2 finishing o itself (few KV groups) and writing run partials for santa_merge
+def test_warp_finish_routes_agree(budget):
+    """The warp pass 2's two finishes, through atomics (few KV groups) and from block partials
     (many): the same counts and rows read, o and spread up to the order of float additions, for
     the same setting with the route switched (KernelChoice.finish_max_groups); lengths 0 and 1 included."""
     rng = np.random.default_rng(13)
@@ -165,7 +185,7 @@ def test_warp_finish_and_merge_routes_agree(budget):
         plan = make_plan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
                          samples=256, budget=budget, tile_kernel="warp", seed=4, santa_min_length=0,
                          **({} if finish else {"finish_max_groups": 0}))
-        assert plan.finish_in_kernel == finish
+        assert plan.atomic_finish == finish
         plan.out.fill(0x7FC0)
         o = as_float32(plan.run(qg, kg, vg, lg))
         res.append((o, plan.rows_read.get().copy(), plan.spread.get().copy(), plan.lse.get().copy()))
@@ -175,4 +195,4 @@ def test_warp_finish_and_merge_routes_agree(budget):
     assert np.allclose(s1, s2, rtol=1e-3, atol=1e-6)
     assert np.allclose(l1[[0, 2, 3, 4]], l2[[0, 2, 3, 4]], rtol=1e-6, atol=1e-6) and np.all(np.isneginf(l2[1]))
     big = make_plan(batch=5, heads=64, kv_heads=8, head_dim=128, max_length=L_max, dtype="bfloat16")
-    assert not big.finish_in_kernel                           # 40 groups > kernel_choice.FINISH_MAX_GROUPS
+    assert not big.atomic_finish                           # 40 groups > kernel_choice.FINISH_MAX_GROUPS

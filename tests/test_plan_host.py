@@ -305,7 +305,7 @@ def test_tiles_per_warp(tiles, groups, slots, want):
     assert -(-tiles // got) * got >= tiles and blocks <= slots * -(-blocks // slots)
 
 
-def test_runs_of_tiles_launch_and_merge_stride(launches):
+def test_runs_of_tiles_launch(launches):
     q, k, v, lengths = _inputs(L=3000)
     plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tiles_per_warp=3,
                      santa_min_length=0)
@@ -420,7 +420,7 @@ def test_fixed_warp_launch(launches):
     q, k, v, lengths = _inputs(L=3000)
     plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed",
                      tile_kernel="warp", tiles_per_warp=5, santa_min_length=0)
-    assert (plan.tile_tpw, plan.merge_stride, plan.score_tpw) == (5, 5, 5)
+    assert (plan.tile_tpw, plan.score_tpw) == (5, 5)
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]
     params = _kernel_params()
@@ -536,22 +536,21 @@ def test_score_steps_lie_in_one_page(launches):
         assert plan._score_warp_kernel[0] is want
 
 
-def test_many_groups_merge_after_the_warp_pass(launches):
-    """Above kernel_choice.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 writes run
-    partials and santa_merge follows (o_stride = the run length, its santa_from the plan's)."""
+def test_many_groups_finish_from_block_partials(launches):
+    """Above kernel_choice.FINISH_MAX_GROUPS (sequence, KV head) groups the warp pass 2 finishes from
+    its blocks' partials (the kFinish false instance), no merge launch."""
     params = _kernel_params()
     q, k, v, lengths = _inputs(B=2, H=64, KVH=32, L=3000)
     lengths = np.array([3000, 17], np.int32).view(FakeArray)
     plan = make_plan(batch=2, heads=64, kv_heads=32, head_dim=128, max_length=3000, santa_min_length=0,
                      tiles_per_warp=3)
-    assert not plan.finish_in_kernel
+    assert not plan.atomic_finish
     plan.run(q, k, v, lengths)
     by_name = {name: args for name, _, _, args, _ in launches}
-    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "santa_merge"]
-    assert plan._warp_kernels[False] is plan.kernels.tile_warp_mma          # the partial-writing instance
+    assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]
+    assert plan._warp_kernels[False] is plan.kernels.tile_warp_mma          # the block-partial instance
     assert plan.kernels.tile_warp_mma_finish is not plan.kernels.tile_warp_mma
-    assert int(by_name["santa_merge"][params["santa_merge"].index("o_stride")]) == 3
-    assert int(by_name["santa_merge"][params["santa_merge"].index("kind")]) == kernels.MERGE_SUM
+    assert int(by_name["santa_tile_warp"][params["santa_tile_warp"].index("tiles_per_warp")]) == 3
 
 
 def test_one_pass_launches(launches):

@@ -185,9 +185,9 @@ def test_kernel_choice_thresholds_steer_the_plan(launches):
     capped = DecodePlan(**kw, method="dense", _kernels=KernelChoice(self_merge_max_splits=0))
     assert not capped.dense_merges_itself and names(capped) == ["decode_dense_mma", "santa_merge"]
     santa = DecodePlan(**kw, santa_min_length=0)
-    assert santa.finish_in_kernel and names(santa)[-1] == "santa_tile_warp"
+    assert santa.atomic_finish and names(santa)[-1] == "santa_tile_warp"
     partials = DecodePlan(**kw, santa_min_length=0, _kernels=KernelChoice(finish_max_groups=0))
-    assert not partials.finish_in_kernel and names(partials)[-2:] == ["santa_tile_warp", "santa_merge"]
+    assert not partials.atomic_finish and names(partials)[-1] == "santa_tile_warp"   # block partials, no merge
     assert santa.tile_kernel == "warp_mma"                                      # 44 rows a tile
     assert DecodePlan(**kw, _kernels=KernelChoice(mma_min_rows=1e9)).tile_kernel == "warp"
     assert DecodePlan(**kw, budget="fixed").tile_kernel == "block"             # 6 MB: the fused pass

@@ -26,7 +26,7 @@ for budget in ("global", "fixed"):
         for finish in (True, False):     # B * KVH = 6 groups: finishing in the kernel unless the cap is 0
             choice = KernelChoice(tile_kernel=tile, finish_max_groups=B * KVH if finish else 0)
             plan = DecodePlan(budget=budget, santa_min_length=0, _kernels=choice, **kw)
-            assert plan.finish_in_kernel == finish
+            assert plan.atomic_finish == finish
             plan.run(q, k, v, lengths)
 DecodePlan(santa_min_length=200, **kw).run(q, k, v, lengths)
 DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)
