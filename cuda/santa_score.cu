@@ -67,10 +67,10 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
     }
 }
 
-// v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per run of consecutive tiles, no
-// block-level sync: grid (KVH, blocks of the batch's runs) (common.cuh run_block: runs of c tiles,
-// c from tiles_per_warp and the lengths); warp w of the sequence's block k takes run r = 4k + w,
-// i.e. tiles [r * c, (r + 1) * c) that start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
+// v4: tensor cores (mma.cuh), 16-bit types, D 64/128. One warp per c tiles, no block-level sync:
+// grid (KVH, blocks of the batch's runs) (common.cuh run_block: runs of c tiles, c from
+// tiles_per_warp and the lengths); the sequence's block k holds tiles [4 k c, 4 (k + 1) c) and its
+// warp w takes tiles 4 k c + w, + 4, + 8, ... of them that start before n_b. The warp scores each tile in BN/16 steps of 16 keys (S = Q K^T as in
 // decode_dense_mma); each step's scores go straight to the stash and into per-thread online
 // (m, l) (OnlineStats), combined over the 4 threads of a group at the tile's end into part_s.
 // K goes through two register buffers by a step counter that runs across the warp's tiles:
@@ -80,13 +80,15 @@ __device__ __forceinline__ void stash_pair(float* dst, bool pairs, int c, int tq
 // took 162). Capping it at 128 for a 4th block per SM (__launch_bounds__(.., 4)) spills 20-40
 // bytes inside the step loop and measured slower: B=16 32k score + prefix 280 -> 291 us, B=1 no
 // faster (H200).
-// The scores of tiles [t_begin, t_end) of one (b, KV head) by one warp (santa_score_mma, below).
+// The scores of tiles t_begin, t_begin + stride, ... (< t_end) of one (b, KV head) by one warp
+// (santa_score_mma, below: stride 4, the block's warps on neighbouring tiles; the key pass: 1).
 // Query: MmaQuery (loaded by the caller), KeyWeightedQuery or CompactKeyQuery; KRows: CacheRows,
 // SampledKeyRows or CompactKeyRows; Run: KeyRun, or CompactKeyRun with CompactKeyRows.
 template <typename T, int D, int BN, int G, typename Run, typename Query, typename KRows>
 __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n, float scale,
                                           i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
-                                          i64 head0, float* __restrict__ scores, float4* __restrict__ part_s) {
+                                          i64 head0, float* __restrict__ scores, float4* __restrict__ part_s,
+                                          int stride = 1) {
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
@@ -99,14 +101,15 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
     Run kr;
     const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
     kr.start(K, b, first0, first_end, g, gi, tq);
-    for (int t = t_begin; t < t_end; ++t) {             // warp-uniform trip count
+    for (int t = t_begin, i = 0; t < t_end; t += stride, ++i) {   // warp-uniform trip count
         const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
         const int lim = (int)(row_end - row0) - 2 * tq;  // see stash_pair
-        // Tile t + 1 if the warp owns it, else the empty range [row0, row0): its first step loads nothing.
-        const bool has_next = t + 1 < t_end;
-        const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
+        // Tile t + stride if the warp owns it, else the empty range [row0, row0): its first step loads nothing.
+        const bool has_next = t + stride < t_end;
+        const i64 next0 = has_next ? (i64)(t + stride) * BN : row0;
+        const i64 next_end = has_next ? min(next0 + BN, (i64)n) : row0;
         OnlineStats lo, hi;
-        kr.score_tile(mq, t - t_begin, K, b, row0, row_end, next0, next_end, g, gi, tq,
+        kr.score_tile(mq, i, K, b, row0, row_end, next0, next_end, g, gi, tq,
                       [&](int st, int j, const float (&acc)[4]) {
             const int c = 16 * st + 8 * j;
             float sc[4];                                 // scores (natural-log scale), -inf past n
@@ -131,13 +134,14 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
 template <typename T, int D, int BN, int G, typename Run>
 __device__ __forceinline__ void score_run_rows(const MmaQuery<T, D, G>& mq, const CacheRows<T, D>& K, int stash_in_l2,
                                                int n, float scale, i64 L_max, int T_max, int t_begin, int t_end,
-                                               i64 b, int g, i64 head0, float* __restrict__ scores,
+                                               int stride, i64 b, int g, i64 head0, float* __restrict__ scores,
                                                float4* __restrict__ part_s) {
     if (stash_in_l2)
         score_run<T, D, BN, G, Run>(mq, StreamedKeyRows<T, D>{K, l2_evict_first_policy()}, n, scale, L_max, T_max,
-                                    t_begin, t_end, b, g, head0, scores, part_s);
+                                    t_begin, t_end, b, g, head0, scores, part_s, stride);
     else
-        score_run<T, D, BN, G, Run>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s);
+        score_run<T, D, BN, G, Run>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s,
+                                    stride);
 }
 
 // SPAN: 16-key steps a K register buffer holds (KeyRun). Two (kernels.SCORE_SPAN), 8 KB a warp in
@@ -168,8 +172,11 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
     const i64 b = b32;
     const int n = seq_len(lengths, b, L_max);
     const int n_tiles = seq_tiles(n, BN, T_max, santa_from);
-    const int t_begin = (blk * (SC_NTHREADS / 32) + warp) * c;
-    const int t_end = min(t_begin + c, n_tiles);
+    // The block's 4 c tiles, warp w on tiles w, w + 4, ... of them: the block's warps read
+    // neighbouring tiles at a time rather than four runs c tiles apart.
+    constexpr int kWarps = SC_NTHREADS / 32;
+    const int t_begin = blk * kWarps * c + warp;
+    const int t_end = min((blk + 1) * kWarps * c, n_tiles);
     if (t_begin < t_end) {                               // whole warp
         const i64 head0 = b * H + (i64)g * G;
         const int lane = threadIdx.x & 31;
@@ -177,7 +184,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         mq.load(q, head0, lane >> 2, lane & 3);
         const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache);
         score_run_rows<T, D, BN, G, KeyRun<T, D, BN, SPAN>>(mq, K, stash_in_l2, n, scale, L_max, T_max, t_begin,
-                                                             t_end, b, g, head0, scores, part_s);
+                                                             t_end, kWarps, b, g, head0, scores, part_s);
     }
     pdl_launch_dependents();
 }
