@@ -164,12 +164,26 @@ __device__ __forceinline__ void run_block(const int* lengths, int batch, i64 L_m
     }
 }
 
+// A santa plan's dense fallback (santa_from < SC_ALL_DENSE) first asks whether any sequence is
+// its (one warp-wide read of 32 lengths a round trip, so whole warps must call): where none is,
+// which is the common case the plan cannot see from the host, its blocks leave after that one
+// round trip instead of the two loops over the lengths below.
+__device__ __forceinline__ bool any_dense_sequence(const int* lengths, int batch, i64 L_max, int santa_from) {
+    const int lane = threadIdx.x & 31;
+    for (int i0 = 0; i0 < batch; i0 += 32) {
+        const int i = i0 + lane;
+        if (__any_sync(0xffffffffu, i < batch && seq_len(lengths, i, L_max) < santa_from)) return true;
+    }
+    return false;
+}
+
 // The (sequence, split) of pair w of the grid (sequences in order, each its dense_split), or
-// b = -1 past the last pair.
+// b = -1 past the last pair. Whole warps (any_dense_sequence).
 __device__ __forceinline__ void dense_pair(const int* lengths, int batch, i64 L_max, int target, int max_splits,
                                            int santa_from, int w, int* b, int* split, int* rows) {
-    const i64 total = dense_rows_total(lengths, batch, L_max, santa_from);
     *b = -1;
+    if (santa_from != SC_ALL_DENSE && !any_dense_sequence(lengths, batch, L_max, santa_from)) return;
+    const i64 total = dense_rows_total(lengths, batch, L_max, santa_from);
     for (int i = 0; i < batch; ++i) {
         const DenseSplit sp = dense_split(seq_len(lengths, i, L_max), total, target, max_splits, santa_from);
         if (w < sp.splits) { *b = i; *split = w; *rows = sp.rows; return; }

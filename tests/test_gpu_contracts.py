@@ -170,6 +170,31 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     assert fallback.tolist() == [False, True, False, True, False, True]
 
 
+def test_dense_fallback_reads_lengths_a_warp_at_a_time():
+    """The fallback's blocks first ask one warp whether any sequence is short (32 lengths a round
+    trip, common.cuh any_dense_sequence): in a batch of 40 whose only short sequence is the 38th
+    (past the first 32) it still runs exact, and in a batch without one every output is santa's."""
+    rng = np.random.default_rng(21)
+    L_max, B = 600, 40
+    kw = dict(batch=B, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=64, seed=2)
+    mixed = make_plan(santa_min_length=500, **kw)
+    santa = make_plan(santa_min_length=0, **kw)
+    for short in ([37], []):
+        lens_list = [300 if i in short else L_max for i in range(B)]
+        q, k, v, lens = random_inputs(rng, B, 8, 2, 128, L_max, lens_list, "bfloat16", spike=True)
+        qg, kg, vg, lg = to_gpu(q, k, v, lens)
+        o = as_float32(mixed.run(qg, kg, vg, lg))
+        rows = mixed.rows_read.get()
+        assert mixed.info().dense_fallback.get().tolist() == [i in short for i in range(B)]
+        long = [i for i in range(B) if i not in short]
+        os_ = as_float32(santa.run(qg, kg, vg, lg))
+        assert rel_l2(o[long], os_[long]) < 1e-4
+        assert np.array_equal(rows[long], santa.rows_read.get()[long])
+        if short:                                   # exact: within the dense bound of the float64 reference
+            assert_dense_matches(o[short], dense_error_bound(q[short], k[short], v[short], lens[short], "bfloat16"))
+            assert np.array_equal(rows[short], np.full((1, 2), 300))
+
+
 @pytest.mark.parametrize("budget", ["global", "fixed"])
 def test_warp_finish_routes_agree(budget):
     """The warp pass 2's two finishes, through atomics (few KV groups) and from block partials
