@@ -7,18 +7,15 @@
 // kind 1 fixed:  o = sum_t (W_t/Z) part_o_t / S_t,             S_t = max(1, S // T_b)
 //                var = sum_t (W_t/Z)^2 (m2_t - q2_t / S_t) / S_t^2
 // kind 2 global / largest_remainder: o = part_o summed / S,   var = max(0, sum m2 / S - |o|^2) / S
-// kind 3 weighted (fixed, santa_tile_warp): o = part_o summed, var = max(0, sum part_s.z)
-// lse = m* + log Z; spread = sqrt(var / D). Parts with l == 0 hold no rows and are skipped.
-// o_stride: the partial outputs (part_o and part_s.zw) sit in every o_stride-th part slot, each
-// summing o_stride parts (kinds 2 and 3 from santa_tile_warp's chunks; 1 otherwise); the stats (m, l)
-// of every part still give the log-sum-exp.
+// lse = m* + log Z; spread = sqrt(var / D). Parts with l == 0 hold no rows and are skipped, and
+// (kind 2) tiles without samples (part_s.zw zero: santa_tile wrote no partial there).
+// (santa_tile_warp, the two-launch pipeline's pass 2, finishes its heads itself.)
 #include "common.cuh"
 #include "merge.cuh"
 
 #define SC_MERGE_DENSE 0
 #define SC_MERGE_FIXED 1
 #define SC_MERGE_SUM 2
-#define SC_MERGE_WEIGHTED 3
 
 #define SC_MERGE_THREADS 256
 
@@ -54,7 +51,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 template <typename T, int D, int U>
 __global__ void __launch_bounds__(SC_MERGE_THREADS, U == 4 && D <= 128 ? 4 : 1)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
-            i64 L_max, int H, int part_rows, int split_target, int P_max, int o_stride, int kind, int samples,
+            i64 L_max, int H, int part_rows, int split_target, int P_max, int kind, int samples,
             T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
@@ -72,8 +69,6 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
         part_rows = dense_split(n, dense_rows_total(lengths, gridDim.y, L_max, SC_ALL_DENSE), split_target, P_max,
                                 SC_ALL_DENSE).rows;
     const int n_parts = (n + part_rows - 1) / part_rows;
-    // the warp pass 2's run length for these lengths (o_stride: the plan's, for full sequences)
-    if (o_stride > 1) o_stride = run_tiles(lengths, gridDim.y, L_max, part_rows, P_max, o_stride, santa_from);
     const float4* st = part_s + bh * P_max;
     const float* po = part_o + bh * P_max * D;
 
@@ -90,29 +85,26 @@ santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s,
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
     float var = 0.f, m2 = 0.f;
-    const int n_out = (n_parts + o_stride - 1) / o_stride;          // partial outputs
-    for (int k0 = warp; k0 < n_out; k0 += kWarps * U) {
+    for (int k0 = warp; k0 < n_parts; k0 += kWarps * U) {
         float4 s4[U];
         float v[U][kPerLane];
 #pragma unroll
         for (int u = 0; u < U; ++u) {                       // issue every load first
             const int k = k0 + u * kWarps;
-            const i64 p = (i64)k * o_stride;
-            s4[u] = k < n_out ? st[p] : make_float4(-SC_INF, 0.f, 0.f, 0.f);
-            if (k < n_out) load_lane<kPerLane>(po + p * D + lane * kPerLane, v[u]);
+            s4[u] = k < n_parts ? st[k] : make_float4(-SC_INF, 0.f, 0.f, 0.f);
+            if (k < n_parts) load_lane<kPerLane>(po + (i64)k * D + lane * kPerLane, v[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (!(s4[u].y > 0.f)) continue;                  // empty part (or past n_parts)
-            if (kind >= SC_MERGE_SUM && s4[u].z == 0.f && s4[u].w == 0.f) continue;   // chunk without samples
+            if (kind == SC_MERGE_SUM && s4[u].z == 0.f && s4[u].w == 0.f) continue;   // tile without samples
             float w;
             if (kind == SC_MERGE_DENSE) w = __expf(s4[u].x - m_star) / z;
             else if (kind == SC_MERGE_FIXED) {
                 const float wt = __expf(s4[u].x - m_star) * s4[u].y / z;
                 w = wt / s_t;
                 var += wt * wt * fmaxf(0.f, s4[u].z - s4[u].w / s_t) / (s_t * s_t);
-            } else if (kind == SC_MERGE_SUM) { w = 1.f / S; m2 += s4[u].z; }
-            else { w = 1.f; var += s4[u].z; }
+            } else { w = 1.f / S; m2 += s4[u].z; }   // SC_MERGE_SUM
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i) o[i] = fmaf(w, v[u][i], o[i]);
         }

@@ -164,14 +164,13 @@ class _PlanLaunches:
                              f"more than a grid's {MAX_GRID_Y}: use a larger tiles_per_warp or block_n")
         return blocks
 
-    def _merge(self, lengths, out, kind, part_rows, o_stride=1, split_target=0):
-        """o_stride: tiles summed per partial (the warp pass 2 writes one per run of tiles);
-        split_target > 0: a dense plan's splits (part_rows per sequence from the lengths, as the
+    def _merge(self, lengths, out, kind, part_rows, split_target=0):
+        """split_target > 0: a dense plan's splits (part_rows per sequence from the lengths, as the
         dense kernel split them)."""
         i32 = kernels.i32
         self._launch(self._merge_fn, (self.H, self.B),
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
-                        i32(split_target), i32(self.P_max), i32(o_stride), i32(kind), i32(self.samples), out, self.lse, self.spread,
+                        i32(split_target), i32(self.P_max), i32(kind), i32(self.samples), out, self.lse, self.spread,
                         i32(self.santa_from if self.method == "santa" else 0)), threads=kernels.MERGE_THREADS)
 
     # ---- the launches' arguments ---------------------------------------------------------------

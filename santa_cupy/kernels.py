@@ -54,7 +54,7 @@ ACC_COPIES = 8        # SC_ACC_COPIES (merge.cuh): copies of santa_tile_warp's a
 BUDGET_CODE = {"fixed": 0, "global": 1, "largest_remainder": 2}
 SAMPLER_CODE = {"iid": 0, "stratified": 1, "systematic": 2}
 MODE_CODE = {"fused": 0, "sample": 1, "gather": 2}
-MERGE_DENSE, MERGE_FIXED, MERGE_SUM, MERGE_WEIGHTED = 0, 1, 2, 3
+MERGE_DENSE, MERGE_FIXED, MERGE_SUM = 0, 1, 2
 
 
 def kernel_dir() -> Path:
@@ -382,7 +382,7 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, prog
 # Never slower than exact (DecodePlan's santa_min_length="auto"). Dense takes about a fixed
 # latency plus its bytes; santa (every length) a larger fixed cost (more launches, dependent round
 # trips) plus one per sequence (pass 2 gathers S * G V rows a (sequence, KV head) whatever its
-# length, and at B * KVH > kernel_choice.FINISH_MAX_GROUPS santa_merge follows), and saves about a
+# length), and saves about a
 # V row per row at the streaming rate. Santa pays from
 #   n >= (SANTA_FIXED_COST_S + B * SANTA_PER_SEQUENCE_COST_S) * bandwidth / (B * KVH * D * itemsize),
 # the costs in peak-bandwidth seconds. Fitted to the crossovers of one bench run (H200, llama8b bf16,

@@ -8,7 +8,7 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
   santa, warp pipeline (systematic sampler, G <= 8, fp16/bf16 at D 64/128; every budget; the default):
         [decode_dense_mma for the sequences shorter than santa_from: the dense fallback]
         -> santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
-        (sample + gather; with few KV groups its last block per group writes o) [-> santa_merge];
+        (sample + gather; the last block per (sequence, KV head) writes o: no merge launch);
         where the stash fits in half the L2 (stash_in_l2) the score pass reads K evict-first and
         santa_tile_warp drops the stash once read, so ``scores`` is undefined after such a run
   santa, block pass 2 (other samplers, G > 8, fp32, D 256):
@@ -18,7 +18,7 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
   santa with block key sampling (key_layout="blocked", santa_cupy/key_pass.py): santa_key_blocks
         (pi, draws, weights per KV group) -> santa_score_keys_mma (the stash and tile stats from
         the selected K blocks only, tensor cores) -> the warp pipeline's santa_prefix ->
-        santa_tile_warp [-> santa_merge] where it applies, else the block pass 2; with
+        santa_tile_warp where it applies, else the block pass 2 -> santa_merge; with
         score_kernel "stream" santa_score_keys (FMA) and the block pass 2. No dense fallback.
 
 Which kernels: santa_cupy/kernel_choice.py (derived from the shape, the setting and the device;
@@ -195,13 +195,11 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self._warp_kernel = self._warp_kernels[self.atomic_finish] if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim,
                                                        mma=self.tile_kernel == "warp_mma")
-        # how santa_merge combines the fused run's partials
+        # how santa_merge combines the partials of the block pass 2 (the warp pass 2 finishes itself)
         if self.one_pass:                    # run partials relative to their max, like dense splits
             self._merge_kind = kernels.MERGE_DENSE
-        elif budget != "fixed":
-            self._merge_kind = kernels.MERGE_SUM
         else:
-            self._merge_kind = kernels.MERGE_WEIGHTED if self._warp else kernels.MERGE_FIXED
+            self._merge_kind = kernels.MERGE_FIXED if budget == "fixed" else kernels.MERGE_SUM
         self.dense_merges_itself = False
         if method == "dense":
             self.part_rows, self.P_max, self.split_target, self.dense_pairs = self._dense_splits()

@@ -474,7 +474,7 @@ def test_mma_gather_counts_beyond_its_limit(G, D, dtype, block_n, limit):
                                                    (4, 128, "bfloat16", 128, 4), (12, 128, "float16", 64, 5),
                                                    (5, 128, "float16", 64, 16)])
 def test_runs_of_tiles_match_single_tiles(budget, G, D, dtype, block_n, tpw):
-    """One warp per run of tpw tiles (score pass, warp pass 2 and the merge's o_stride): the same
+    """One warp per run of tpw tiles (score pass and warp pass 2): the same
     stash and tile stats bit for bit, the same counts (rows read), the output and spread up to
     float32 summation order. Lengths cut runs short and leave runs without any tile."""
     rng = np.random.default_rng(G * D + block_n + tpw)

@@ -403,8 +403,8 @@ def test_layout_constants_are_the_kernels():
     assert kernels.MERGE_THREADS == d["SC_MERGE_THREADS"]
     assert kernels.HEAD_DRAW_BYTES == _struct_size(kernels.build_source(), "HeadDraw") == 48
     assert (kernels.GATHER_PIPE, kernels.GATHER_MMA) == (d["SC_GATHER_PIPE"], d["SC_GATHER_MMA"])
-    assert (kernels.MERGE_DENSE, kernels.MERGE_FIXED, kernels.MERGE_SUM, kernels.MERGE_WEIGHTED) == \
-        (d["SC_MERGE_DENSE"], d["SC_MERGE_FIXED"], d["SC_MERGE_SUM"], d["SC_MERGE_WEIGHTED"])
+    assert (kernels.MERGE_DENSE, kernels.MERGE_FIXED, kernels.MERGE_SUM) == \
+        (d["SC_MERGE_DENSE"], d["SC_MERGE_FIXED"], d["SC_MERGE_SUM"])
     assert kernels.BUDGET_CODE == {"fixed": d["SC_BUDGET_FIXED"], "global": d["SC_BUDGET_GLOBAL"],
                                    "largest_remainder": d["SC_BUDGET_LR"]}
     assert kernels.SAMPLER_CODE == {"iid": d["SC_SAMPLER_IID"], "stratified": d["SC_SAMPLER_STRATIFIED"],
