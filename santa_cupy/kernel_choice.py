@@ -37,11 +37,12 @@ MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many exp
 # H200: fused faster at 25-34 MB, two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 # santa_tile_warp's two finishes (kFinish), both by the last block of each (sequence, KV head): the
-# blocks add their sums into accumulators (atomics) up to this many groups, each with many blocks
-# (B=1 32k: 64 a group), or store block partials that the last block sums, for many groups of a few
-# blocks each (B=16 32k: 4; atomics measured 86 us there against 69 + 9 for run partials and
-# santa_merge).
-FINISH_MAX_GROUPS = 32
+# blocks add their sums into accumulators (atomics) up to this many groups, each with many blocks,
+# or store block partials that the last block sums (deterministic). H200, llama8b (8 KV heads),
+# SANTA at every length, docs/results/h200_02b13db: B=1 (8 groups, 64 blocks a group at 32k)
+# atomics 27.0 / 39.0 / 92.4 us at 8k / 32k / 128k against partials 27.3 / 39.9 / 95.3; B=4 (32
+# groups) partials 41.5 / 99.6 / 337.0 against 43.3 / 99.6 / 337.5; B=16 equal within 0.5 us.
+FINISH_MAX_GROUPS = 8
 # The warp pipeline's score stash [B, H, L_max] float32 kept in the L2 up to this fraction of the
 # device's L2: santa_score_mma reads K with an evict-first L2 policy and santa_tile_warp drops the
 # stash's lines once read (discard.global.L2), so the stash need not reach DRAM either way. H200

@@ -206,10 +206,10 @@ def test_warp_finish_routes_agree(budget):
     q, k, v, lens = random_inputs(rng, 5, 8, 2, 128, L_max, lens_list, "bfloat16")
     qg, kg, vg, lg = to_gpu(q, k, v, lens)
     res = []
-    for finish in (True, False):                              # 10 groups: in the kernel unless the cap is 0
+    for finish in (True, False):                              # 10 groups: atomics up to a cap of 10
         plan = make_plan(batch=5, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16",
                          samples=256, budget=budget, tile_kernel="warp", seed=4, santa_min_length=0,
-                         **({} if finish else {"finish_max_groups": 0}))
+                         finish_max_groups=10 if finish else 0)
         assert plan.atomic_finish == finish
         plan.out.fill(0x7FC0)
         o = as_float32(plan.run(qg, kg, vg, lg))
