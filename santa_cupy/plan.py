@@ -232,12 +232,14 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         if not self.one_pass:                # one_pass: a view of its counters (below)
             self.rows_read = cupy.zeros((B, kv_heads), cupy.int32)
         # The warp pipeline (score pass, prefix, warp pass 2): santa_tile_warp's last block per
-        # (b, KV head) writes o from the accumulators acc [ACC_COPIES, B*H*D + B*H] (its blocks add
-        # into copy blockIdx.x % ACC_COPIES: fewer atomics on each address) and zeroes them; its
-        # arrival counters go back to 0. No call fills anything (santa_prefix zeroes rows_read).
+        # (b, KV head) writes o, with atomic_finish from the accumulators acc [ACC_COPIES, B*H*D +
+        # B*H] (its blocks add into copy blockIdx.x % ACC_COPIES: fewer atomics on each address),
+        # which it zeroes, else from its blocks' partials in part_o / part_s; its arrival counters
+        # go back to 0. No call fills anything (santa_prefix zeroes rows_read).
         if self._warp:
             self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
-            self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)), cupy.float32)
+            self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)) if self.atomic_finish else (1,),
+                                  cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
         # one_pass: the default lse_hint is the plan's previous lse (NaN before the first call: every
         # row taken, the exact output)
