@@ -677,7 +677,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const float* sums_all = reinterpret_cast<const float*>(smem) + kWarps * (G * BN + BN);
     auto m2_of = [&](int w, int h) { return reinterpret_cast<const float*>(smem)[w * (G * BN + BN) + G * BN + h]; };
     const i64 copy_stride = (i64)batch * H * (D + 1);
-    float* copy = acc + (i64)(blk % SC_ACC_COPIES) * copy_stride;
+    // kFinish: this block's copy (!kFinish: acc is a placeholder, never read)
+    float* const copy = kFinish ? acc + (i64)(blk % SC_ACC_COPIES) * copy_stride : nullptr;
     for (int idx = threadIdx.x; idx < G * D; idx += SC_NTHREADS) {
         float x = 0.f;
 #pragma unroll
