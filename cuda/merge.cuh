@@ -71,11 +71,6 @@ __device__ __forceinline__ void write_empty_heads(T* out, float* lse, float* spr
 // Copies of the accumulators of santa_tile_warp (blocks add into copy blockIdx.x % SC_ACC_COPIES).
 #define SC_ACC_COPIES 8
 
-// One head's output from the call's accumulators, by one warp, which zeroes them for the next call:
-// acc[c * stride + :D] and acc_var[c * stride] summed over the SC_ACC_COPIES copies c;
-// o = inv_s * acc (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks pre-weighted sums,
-// o = acc), spread = sqrt(var / D) with var = max(0, acc_var / S - |o|^2) / S (global) or
-// max(0, acc_var) (fixed). valid false (the head's softmax normaliser was NaN or inf): o = NaN.
 // One head's o and spread from its sums, by one warp (lane: its E = D/32 elements of o; m2 the
 // whole warp's): o = inv_s * acc (global: inv_s = 1/S, sums of counted rows; fixed: 0 marks
 // pre-weighted sums, o = acc), spread = sqrt(var / D) with var = max(0, m2 / S - |o|^2) / S
