@@ -11,7 +11,7 @@
 # Each tree's JSON and log go into one tarball, $OUT/ab_results.tgz (the device returns at most 8
 # files a call: two a tree did not come back from a call of four trees).
 # First the trees' kernel modules for WARM (dtype,head_dim,group; default the llama8b shape's
-# bfloat16,128,4: dense, santa64, santa128) compile in parallel, each tree by its own kernels.py
+# bfloat16,128,4: dense, santa64, santa128) compile in parallel, each tree's from its own kernels.py
 # (a module takes ~40 s; the trees' sources differ, so nothing is shared): ~1 minute for four
 # trees, where warming every CI configuration of four trees took ~5.
 set -u
@@ -22,21 +22,8 @@ run() {   # tree name methods
   (cd "$1" && PYTHONPATH=.:/tmp/site timeout ${BENCH_TIMEOUT:-150} python3 bench.py kernels --batch "${BATCHES:-1,16}" \
      --context "${CONTEXTS:-32k}" --methods "$3" --no-ceiling --json "$RES/ab_$2.json" 2>"$RES/ab_$2.err")
 }
-warm_tree() {   # tree: compile its modules of $WARM, one process a module
-  (cd "$1" && PYTHONPATH=. python3 - "${WARM:-bfloat16,128,4}" <<'PY'
-import multiprocessing as mp, sys
-from santa_cupy import kernels
-def compile_one(job):
-    import cupy
-    source, names = kernels.source_for(*job)
-    cupy.RawModule(code=source, options=kernels.NVRTC_OPTIONS, name_expressions=names).get_function(names[0])
-if __name__ == "__main__":
-    dtype, d, g = sys.argv[1].split(",")
-    jobs = [(dtype, int(d), int(g), role) for role in kernels.roles()]
-    with mp.get_context("fork").Pool(len(jobs)) as pool:   # fork: a script from stdin; no CUDA yet
-        pool.map(compile_one, jobs)
-PY
-  ) > /dev/null 2>&1
+warm_tree() {   # tree: its modules of $WARM, by this checkout's warm script on the tree's kernels
+  python3 tools/warm_kernel_cache.py --root "$1" --config "${WARM:-bfloat16,128,4}" --jobs 4 > /dev/null 2>&1
 }
 for tree in . .ab_*; do [ -f "$tree/bench.py" ] && warm_tree "$tree" & done
 wait
