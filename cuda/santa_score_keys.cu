@@ -285,6 +285,23 @@ santa_score_keys(const T* __restrict__ q, const T* __restrict__ kb, const int* _
     pdl_launch_dependents();
 }
 
+// The stash and stats of tiles [t_begin, t_end) of one (b, KV head) whose scores are all 0 (no
+// key block read): scores[b, h, j] = 0 for the tiles' rows j < n, part_s[b, h, t] = (0, rows of
+// tile t, 0, 0) for the G heads from head0. One warp (lane = its lane).
+template <int BN>
+__device__ __forceinline__ void stash_zero_scores(float* scores, float4* part_s, int n, i64 L_max, int T_max,
+                                                  int t_begin, int t_end, i64 head0, int G, int lane) {
+    for (int t = t_begin; t < t_end; ++t) {
+        const i64 row0 = (i64)t * BN;
+        const int nrows = (int)min((i64)BN, n - row0);
+        for (int h = 0; h < G; ++h) {
+            float* dst = scores + (head0 + h) * L_max + row0;
+            for (int j = lane; j < nrows; j += 32) dst[j] = 0.f;
+        }
+        if (lane < G) part_s[(head0 + lane) * T_max + t] = make_float4(0.f, (float)nrows, 0.f, 0.f);
+    }
+}
+
 // santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
 template <typename T, int D, int BN, int G, int NG>
 __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 groups, const T* kb, i64 L_max,
@@ -343,6 +360,16 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     for (int i = 0; i < D / 32; ++i)
         if (FB == 32 ? wgt[i] != 0.f : (wgt[2 * i] != 0.f || wgt[2 * i + 1] != 0.f)) groups |= 1u << i;
     const int ng = __popc(groups);
+    // No block read: every score is exactly 0 (what the weighted product of no block gives), so
+    // each tile's stash is zeros and its stats (m, l) = (0, rows), as the online stats would
+    // sum them (exact integers); no K and no tensor-core work. A quarter of K read by the uniform
+    // rule at FB 32 leaves a third of the groups here: through the full-width run below they
+    // took longer than the groups that read one block (H200, B=16 32k).
+    if (ng == 0) {
+        stash_zero_scores<BN>(scores, part_s, n, L_max, T_max, t_begin, t_end, head0, G, lane);
+        pdl_launch_dependents();
+        return;
+    }
     // Few groups read: their compact slices, SPAN steps in flight (CompactKeyRun). D 128: 1 or 2 of
     // 4 groups; D 64: 1 of 2.
     if (ng == 1) {

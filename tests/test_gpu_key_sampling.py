@@ -120,18 +120,22 @@ def test_blocks_bit_identical_and_scores_within_bound(dtype, D, G, block_n, FB, 
 @pytest.mark.parametrize("FB", [16, 32])
 def test_compact_runs_when_few_groups_are_read(dtype, D, G, block_n, FB):
     """santa_score_keys_mma's compact runs (CompactKeyRun: one or, at D 128, two of the D / 32
-    feature groups hold a read block) beside its full run, over 24 (sequence, KV head) groups at a
-    small uniform budget: every group count occurs, scores within the float32 bound with NaN in
-    every K byte the kernel must not read, tile maxima the reference's."""
+    feature groups hold a read block) and its run for groups that read no block (every score 0,
+    written without reading K) beside its full run, over 24 (sequence, KV head) groups at a small
+    uniform budget: every group count occurs, scores within the float32 bound with NaN in every K
+    byte the kernel must not read (exactly 0 where a group reads nothing), tile maxima the
+    reference's."""
     lengths = [3 * block_n + 5, 1, block_n, 2 * block_n - 3, 5 * block_n, 77]
     q, k, _, lens = _case(dtype, D, G, block_n, lengths, seed=FB + D, KVH=4)
     setting = _setting(block_n, key_block=FB, key_budget=2.0 * FB / D * 0.6, key_rule="uniform", key_draws=1)
     want, ref = _reference(q, k, lens, setting, step=3, layer=5)
     groups = ref.read.reshape(*ref.read.shape[:2], D // 32, 32 // FB).any(-1).sum(-1)     # [B, KVH]
-    assert {1, 2}.issubset(set(groups.ravel())) if D == 128 else 1 in set(groups.ravel()), groups
+    assert {0, 1, 2}.issubset(set(groups.ravel())) if D == 128 else 1 in set(groups.ravel()), groups
     kb = _poisoned_blocked(k, FB, lens, ref.read, NAN_BITS[dtype])
     got, info = _gpu(q, k, lens, setting, step=3, layer=5, kb=kb)
     assert np.array_equal(info.read.get(), ref.read)
+    for b, g in zip(*np.nonzero(groups == 0)):                 # no block read: exact zeros
+        assert (got[b, g * G:(g + 1) * G, :lens[b]] == 0).all(), f"b={b} g={g}: a group that reads nothing"
     bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
     for b, n in enumerate(lens):
         assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
