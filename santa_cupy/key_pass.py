@@ -122,6 +122,11 @@ class KeyScorePass:
         self.key_weight = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.key_pi = cupy.zeros((batch, kv_heads, self.C), cupy.float32)
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
+        # santa_score_keys_mma's launch order (santa_key_blocks: heaviest group first; identity
+        # until the first launch_blocks), each group's class, and the sort's arrival counter
+        self.group_order = cupy.asarray(np.arange(batch * kv_heads, dtype=np.int32))
+        self.group_class = cupy.zeros((batch * kv_heads,), cupy.int32)
+        self._arrive = cupy.zeros((1,), cupy.uint32)
 
     def launch(self, q, kb, lengths, step, layer, scores, part_s, launch=kernels.launch):
         """The two kernels on the current stream: q [B, H, D], kb [B, KVH, NP, C, P, FB] (storage
@@ -132,19 +137,22 @@ class KeyScorePass:
         self.launch_scores(q, kb, lengths, scores, part_s, launch)
 
     def launch_blocks(self, q, step, layer, launch=kernels.launch):
-        """santa_key_blocks alone: key_weight, key_pi, blocks_read from q and the RNG keys."""
+        """santa_key_blocks alone: key_weight, key_pi, blocks_read from q and the RNG keys, and
+        group_order (the groups by read 32-feature groups, descending, then b * KVH + g)."""
         i32, u64, f64 = kernels.i32, kernels.u64, kernels.f64
         launch(self.kernels.key_blocks, (self.KVH, self.B),
                (q, i32(self.H), i32(self.KVH), i32(self.D), i32(self.FB), i32(self.rule), i32(self.R),
                 f64(self.budget), i32(self.combine), u64(self.seed), step, i32(layer), i32(self.kv_offset),
-                self.key_weight, self.key_pi, self.blocks_read), threads=32)
+                self.key_weight, self.key_pi, self.blocks_read, self.group_class, self.group_order, self._arrive),
+               threads=32)
 
     def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
         """santa_score_keys(_mma) alone, on the blocks of the last launch_blocks."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
+        order = (self.group_order,) if self.score_kernel == "mma" else ()   # the mma pass's launch order
         launch(self._score, (self._grid_x, self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                i32(self.tiles_per_block), i32(self.FB), self.key_weight, scores, part_s))
+                i32(self.tiles_per_block), i32(self.FB), self.key_weight, *order, scores, part_s))
 
     def key_fraction(self):
         """[B, KVH] float32 (a new CuPy array): the fraction of each K row's blocks read by the last

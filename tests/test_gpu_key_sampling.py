@@ -277,6 +277,33 @@ def test_runs_of_tiles_a_block(runs, FB, score_kernel):
             assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("FB,D", [(16, 128), (32, 128), (32, 64)])
+def test_launch_order_heaviest_group_first(FB, D):
+    """santa_key_blocks' group_order (santa_score_keys_mma's launch order): the (sequence, KV head)
+    groups by the number of 32-feature groups holding a read block, descending, then by id, as
+    NumPy sorts them from the blocks read; the same after a second launch (its arrival counter
+    back at zero), over 37 x 5 groups (several rounds of the last warp's sort)."""
+    import cupy
+    from santa_cupy.key_pass import KeyScorePass
+    B, KVH, G, L = 37, 5, 2, 300
+    setting = _setting(64, key_block=FB, key_budget=0.3, key_rule="qmax", key_draws=1)
+    q = spec.from_float32(np.random.default_rng(FB + D).standard_normal((B, KVH * G, D)).astype(np.float32),
+                          "bfloat16", np)
+    kp = KeyScorePass(batch=B, heads=KVH * G, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16", block_n=64,
+                      setting=setting, scale=1.0 / np.sqrt(D))
+    assert np.array_equal(kp.group_order.get(), np.arange(B * KVH))         # before any draw: identity
+    qg = cupy.asarray(q)
+    for step in (4, 5):
+        kp.launch_blocks(qg, cupy.full((1,), step, cupy.int64), 0)
+        read = (kp.key_weight.get() != 0).reshape(B * KVH, D // 32, 32 // FB).any(-1)
+        classes = read.sum(-1)
+        assert len(set(classes)) >= 3, classes
+        want = np.argsort(-classes, kind="stable")
+        assert np.array_equal(kp.group_order.get(), want), f"step {step}"
+        assert np.array_equal(kp.group_class.get(), classes)
+        assert kp._arrive.get()[0] == 0
+
+
 def test_layout_helpers_on_cupy():
     """key_layout.to_blocked / from_blocked on CuPy arrays: the NumPy helpers' result, CuPy out."""
     import cupy
