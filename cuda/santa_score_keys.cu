@@ -68,13 +68,24 @@ __device__ __forceinline__ double key_int_power(double x, int R) {
 
 // (1 / C) sum_c 1 - (1 - min(1, lam w_c))^R, the terms summed over c in order (wc: the C <=
 // SC_KEY_MAX_BLOCKS weights, in this lane's registers).
+// One draw (R = 1, the default), warp-uniform: x^1 = x, so the terms are 1 - (1 - pi) in the
+// same operations, without the power's loop (it kept the loop over c rolled: ~100 instructions a
+// term, where the bisection evaluates this in every probe).
 __device__ __forceinline__ double key_read_fraction(double lam, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R) {
     double total = 0.0;
+    if (R == 1) {
 #pragma unroll
-    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
-        if (c >= C) break;
-        const double pi = fmin(1.0, __dmul_rn(lam, wc[c]));
-        total = __dadd_rn(total, __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, pi), R)));
+        for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
+            const double pi = fmin(1.0, __dmul_rn(lam, wc[c]));
+            if (c < C) total = __dadd_rn(total, __dsub_rn(1.0, __dsub_rn(1.0, pi)));
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
+            if (c >= C) break;
+            const double pi = fmin(1.0, __dmul_rn(lam, wc[c]));
+            total = __dadd_rn(total, __dsub_rn(1.0, key_int_power(__dsub_rn(1.0, pi), R)));
+        }
     }
     // / C: C = D / FB is a power of two (2, 4 or 8), so the multiply by 1 / C is exact, the
     // reference's division bit for bit, without a float64 division in every bisection probe
