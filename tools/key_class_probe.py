@@ -7,7 +7,9 @@ KeyScorePass's key_weight (every (sequence, KV head) reading its first N 32-feat
 times the score kernel alone (CUDA events): every group reading the same count (the pass's time
 against its bytes, one run of the kernel for all), then a mix of counts as the uniform rule's
 draws give at a quarter of K, interleaved and sorted heaviest or lightest first in launch order,
-then the real draws. docs/results/h200_d59c4a3/ holds its H200 output.
+then the real draws. The score kernel's launch order (KeyScorePass.group_order) is the identity
+until the last line's santa_key_blocks sorts it heaviest first (290ed05), so the sorted lines lay
+the classes out by id instead. docs/results/h200_d59c4a3/ holds its H200 output (before 290ed05).
 """
 import sys
 from pathlib import Path
