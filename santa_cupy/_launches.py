@@ -118,7 +118,7 @@ class _PlanLaunches:
         the last block of each (b, KV head) writes o and spread, from accumulators the blocks add
         into (atomic_finish) or from the blocks' partials."""
         i32, i64, u64 = kernels.i32, kernels.i64, kernels.u64
-        self._launch(self._warp_kernels[self.atomic_finish], (self.KVH, self._run_blocks(self.tile_tpw)),
+        self._launch(self._warp_kernel, (self.KVH, self._run_blocks(self.tile_tpw)),
                        (v_cache, lengths, i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                         i32(self.tile_tpw), i32(self.B), i32(kernels.BUDGET_CODE[self.budget]), i32(self.samples),
                         u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,

@@ -190,9 +190,8 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         # the blocks' sums added into accumulators (atomics) up to finish_max_groups groups, else
         # stored as block partials that the last block sums
         self.atomic_finish = self._warp and batch * kv_heads <= choice.finish_max_groups
-        self._warp_kernels = ({atomic: getattr(self.kernels, "tile_" + self.tile_kernel + ("_finish" if atomic else ""))
-                               for atomic in (False, True)} if self._warp else None)
-        self._warp_kernel = self._warp_kernels[self.atomic_finish] if self._warp else None
+        finish = "_finish" if self.atomic_finish else ""
+        self._warp_kernel = getattr(self.kernels, "tile_" + self.tile_kernel + finish) if self._warp else None
         self._warp_smem = kernels.tile_warp_smem_bytes(self.block_n, self.G, head_dim,
                                                        mma=self.tile_kernel == "warp_mma")
         # how santa_merge combines the partials of the block pass 2 (the warp pass 2 finishes itself)

@@ -548,7 +548,7 @@ def test_many_groups_finish_from_block_partials(launches):
     plan.run(q, k, v, lengths)
     by_name = {name: args for name, _, _, args, _ in launches}
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]
-    assert plan._warp_kernels[False] is plan.kernels.tile_warp_mma          # the block-partial instance
+    assert plan._warp_kernel is plan.kernels.tile_warp_mma                  # the block-partial instance
     assert plan.kernels.tile_warp_mma_finish is not plan.kernels.tile_warp_mma
     assert int(by_name["santa_tile_warp"][params["santa_tile_warp"].index("tiles_per_warp")]) == 3
 
