@@ -48,6 +48,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma"),
                     help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma")
+    ap.add_argument("--rule", default="uniform", choices=("uniform", "qmax", "qrms"),
+                    help="the blocks' inclusion rule (uniform: pi = budget, no search; qmax / qrms: "
+                         "santa_key_blocks bisects for the budget)")
     args = ap.parse_args()
     import cupy
 
@@ -90,7 +93,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
     t_full = None
     for budget in args.budgets:
         setting = AttentionSetting(block_n=args.block_n, key_sampling="bernoulli_block", key_block=FB,
-                                   key_budget=budget, key_rule="uniform")
+                                   key_budget=budget, key_rule=args.rule)
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
                           block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
