@@ -121,11 +121,15 @@ def test_key_sampling_methods():
         ("bernoulli_block", 16, 0.75, "uniform")
     assert setting.samples == 256 and setting.budget == "global" and m.kernel_choice() == KernelChoice()
     assert bench.methods.parse_method("santa-fixed-systematic-2048-keys100").plan_setting().key_budget == 1.0
+    m32 = bench.methods.parse_method("santa-global-systematic-256-keys25fb32")
+    assert (m32.key_percent, m32.key_block, m32.key_layout) == (25, 32, "blocked")
+    assert (m32.plan_setting().key_block, m32.plan_setting().key_budget) == (32, 0.25) and m.key_block == 16
     d = bench.methods.parse_method("dense-blocked")
     assert d.key_layout == "blocked" and d.key_percent is None and d.plan_setting() == AttentionSetting(method="dense")
     assert bench.methods.parse_method("santa-global-systematic-256").key_layout == "standard"
     for bad in ("santa-global-systematic-256-keys0", "santa-global-systematic-256-keys101",
-                "santa-global-systematic-256-keys", "dense-keys50"):
+                "santa-global-systematic-256-keys", "dense-keys50", "santa-global-systematic-256-keys50fb64",
+                "santa-global-systematic-256-keys50fb"):
         with pytest.raises(click.BadParameter, match="unknown method"):
             bench.methods.parse_method(bad)
     B, L = 2, 4096

@@ -12,7 +12,7 @@ import click
 from llama_min.commands import check_output_path
 from santa_cupy.cli.bench.accounting import add_derived, attention_bytes, copies_for, kv_bytes
 from santa_cupy.cli.bench.gpu import _cupy, _optional_flashinfer, _optional_torch, gpu_metadata, random_array
-from santa_cupy.cli.bench.methods import KEY_BENCH_BLOCK, L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
+from santa_cupy.cli.bench.methods import L2_FACTOR, Method, QUICK, SHAPES, Shape, expand_grid, method_list, parse_list, parse_method, parse_shape, parse_size
 from santa_cupy.cli.bench.paged import PAGE_ROWS, PagedLayout, paged_cache
 from santa_cupy.cli.bench.peers import bench_flashinfer, bench_torch
 from santa_cupy.cli.bench.report import _log, fmt_bytes, fmt_context, kernel_table, plot_rows, run_metadata, stage_table, write_outputs
@@ -65,7 +65,7 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
         plan.run(*inputs[0], lengths, block_table=table)           # validated once
     if method.key_layout == "blocked":           # K feature-blocked (a copy of each input's K)
         from santa_cupy.key_layout import to_blocked
-        inputs = [(q, to_blocked(k, KEY_BENCH_BLOCK), v) for q, k, v in inputs]
+        inputs = [(q, to_blocked(k, method.key_block), v) for q, k, v in inputs]
         plan.run(*inputs[0], lengths)
     fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False, block_table=table) for q, k, v in inputs]
     us, mode = time_cupy_graph(cp, fns, n_inner, repeats)

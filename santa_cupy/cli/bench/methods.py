@@ -48,10 +48,12 @@ SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_
 # "bn64" = tiles of 64 rows (the setting's block_n; the default is spec.DEFAULT_BLOCK_N)
 SANTA_SETTING_SUFFIXES = {"always": {"santa_min_length": 0}, "bn64": {"block_n": 64}}
 SANTA_SUFFIX_OPTIONS = {**SANTA_KERNEL_SUFFIXES, **SANTA_SETTING_SUFFIXES}
-# "-keys<P>" (santa): block key sampling on a feature-blocked K (santa_cupy.key_layout), blocks of
-# KEY_BENCH_BLOCK features, rule "uniform" (every block's inclusion probability P / 100, so the K
-# fraction read is P% in expectation: the speed at a given fraction, not an accuracy setting)
+# "-keys<P>[fb<FB>]" (santa): block key sampling on a feature-blocked K (santa_cupy.key_layout),
+# blocks of FB features (16 or 32; KEY_BENCH_BLOCK without "fb"), rule "uniform" (every block's
+# inclusion probability P / 100, so the K fraction read is P% in expectation: the speed at a given
+# fraction, not an accuracy setting)
 KEY_BENCH_BLOCK = 16
+KEYS_SUFFIX = re.compile(r"keys([1-9][0-9]?|100)(?:fb(16|32))?")
 # "-blocked" (dense): exact dense attention on the feature-blocked K (the layout's own cost)
 # "-paged" / "-shuffled" (dense or santa): the same plan on a paged cache, pages of PAGE_ROWS rows
 # (the contiguous cache seen as pages, as FlashInfer gets it), listed in order or shuffled
@@ -127,9 +129,15 @@ class Method:
 
     @property
     def key_percent(self) -> int | None:
-        """P of a "-keys<P>" method, else None."""
-        m = re.fullmatch(r"keys([1-9][0-9]?|100)", self.backend) if self.kind == "santa" else None
+        """P of a "-keys<P>[fb<FB>]" method, else None."""
+        m = KEYS_SUFFIX.fullmatch(self.backend) if self.kind == "santa" else None
         return int(m.group(1)) if m else None
+
+    @property
+    def key_block(self) -> int:
+        """FB of the blocked K: a "-keys<P>fb<FB>" method's, else KEY_BENCH_BLOCK."""
+        m = KEYS_SUFFIX.fullmatch(self.backend) if self.kind == "santa" else None
+        return int(m.group(2)) if m and m.group(2) else KEY_BENCH_BLOCK
 
     @property
     def key_layout(self) -> str:
@@ -140,7 +148,7 @@ class Method:
     def plan_setting(self) -> AttentionSetting:
         """Our methods' attention setting, with the suffix's setting changes ("always", "keys<P>")."""
         if self.key_percent is not None:
-            return self.setting.replace(key_sampling="bernoulli_block", key_block=KEY_BENCH_BLOCK,
+            return self.setting.replace(key_sampling="bernoulli_block", key_block=self.key_block,
                                         key_budget=self.key_percent / 100, key_rule="uniform")
         if self.key_layout == "blocked":     # dense-blocked: the plan's FB is the inputs' (kernels.py)
             return self.setting.replace(key_block=KEY_BENCH_BLOCK)
@@ -177,7 +185,7 @@ def parse_method(name: str) -> Method:
     parts = name.split("-")
     if parts[0] == "torch" and len(parts) == 2 and parts[1] in TORCH_BACKENDS:
         return Method("torch", backend=parts[1])
-    keys = len(parts) == 5 and re.fullmatch(r"keys([1-9][0-9]?|100)", parts[4]) is not None
+    keys = len(parts) == 5 and KEYS_SUFFIX.fullmatch(parts[4]) is not None
     # a kernel or setting suffix may carry setting suffixes after it: santa-global-systematic-256-warp-always
     combined = (len(parts) >= 6 and parts[4] in KERNEL_VERSIONS + tuple(SANTA_SUFFIX_OPTIONS)
                 and all(x in SANTA_SETTING_SUFFIXES for x in parts[5:]) and len(set(parts[4:])) == len(parts[4:]))
@@ -193,7 +201,7 @@ def parse_method(name: str) -> Method:
     raise click.BadParameter(
         f"unknown method {name!r}; expected dense, dense-stream, dense-mma, dense-p<splits>, dense-paged, dense-shuffled, "
         f"dense-blocked, flashinfer, torch-<{'|'.join(TORCH_BACKENDS)}> or "
-        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}|-keys<percent>]"
+        f"santa-<{'|'.join(BUDGETS)}>-<{'|'.join(SAMPLERS)}>-<samples>[-{'|-'.join(SANTA_VERSIONS)}|-keys<percent>[fb32]]"
         "[-always|-bn64 ...], "
         "e.g. santa-global-systematic-256 or santa-global-systematic-256-keys75",
         param_hint="--methods")
