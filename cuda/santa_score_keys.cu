@@ -91,6 +91,17 @@ __device__ __forceinline__ double key_read_fraction(double lam, const double (&w
     return __dmul_rn(total, 1.0 / (double)C);
 }
 
+// d f / d lam at lam (the read fraction's slope), for key_bisect's Newton estimate only.
+__device__ __forceinline__ double key_read_slope(double lam, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R) {
+    double slope = 0.0;
+#pragma unroll
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
+        const double x = lam * wc[c];
+        if (c < C && x < 1.0) slope += R * wc[c] * (R == 1 ? 1.0 : key_int_power(1.0 - x, R - 1));
+    }
+    return slope / C;
+}
+
 // The reference's bisection on [0, lam_hi] (block_probabilities: mid = (lo + hi) / 2, hi = mid
 // where the read fraction f at mid exceeds the budget, else lo = mid; SC_KEY_BISECTION_STEPS
 // steps), bit for bit, in three parts:
@@ -107,16 +118,6 @@ __device__ __forceinline__ double key_read_fraction(double lam, const double (&w
 //      bisection's even where 80 steps do not reach adjacent doubles.
 // (Checked in NumPy against the reference's bisection on 2760 random weight vectors, C 2-8, R 1-8,
 // 102 of them unconverged after 80 steps: the same hi every time.)
-__device__ __forceinline__ double key_read_slope(double lam, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R) {
-    double slope = 0.0;                                   // d f / d lam, for the estimate only
-#pragma unroll
-    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
-        const double x = lam * wc[c];
-        if (c < C && x < 1.0) slope += R * wc[c] * (R == 1 ? 1.0 : key_int_power(1.0 - x, R - 1));
-    }
-    return slope / C;
-}
-
 __device__ __forceinline__ double key_bisect(double lam_hi, const double (&wc)[SC_KEY_MAX_BLOCKS], int C, int R,
                                              double budget) {
     const int lane = threadIdx.x & 31;

@@ -128,15 +128,19 @@ class Method:
         return self.backend in PAGED_SUFFIXES
 
     @property
+    def _keys(self):
+        """The "-keys<P>[fb<FB>]" suffix's match (groups P, FB), else None."""
+        return KEYS_SUFFIX.fullmatch(self.backend) if self.kind == "santa" else None
+
+    @property
     def key_percent(self) -> int | None:
         """P of a "-keys<P>[fb<FB>]" method, else None."""
-        m = KEYS_SUFFIX.fullmatch(self.backend) if self.kind == "santa" else None
-        return int(m.group(1)) if m else None
+        return int(self._keys.group(1)) if self._keys else None
 
     @property
     def key_block(self) -> int:
         """FB of the blocked K: a "-keys<P>fb<FB>" method's, else KEY_BENCH_BLOCK."""
-        m = KEYS_SUFFIX.fullmatch(self.backend) if self.kind == "santa" else None
+        m = self._keys
         return int(m.group(2)) if m and m.group(2) else KEY_BENCH_BLOCK
 
     @property
