@@ -124,7 +124,7 @@ class KeyScorePass:
         self.blocks_read = cupy.zeros((batch, kv_heads), cupy.int32)
         # santa_score_keys_mma's launch order (santa_key_blocks: heaviest group first; identity
         # until the first launch_blocks), each group's class, and the sort's arrival counter
-        self.group_order = cupy.arange(batch * kv_heads, dtype=cupy.int32)
+        self.group_order = cupy.asarray(np.arange(batch * kv_heads, dtype=np.int32))
         self.group_class = cupy.zeros((batch * kv_heads,), cupy.int32)
         self._arrive = cupy.zeros((1,), cupy.uint32)
 
