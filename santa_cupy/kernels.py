@@ -302,11 +302,22 @@ class _LaunchConfig(ctypes.Structure):         # CUlaunchConfig
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
-_programmatic = {"on": False, "launch": None, "attr": None}
+def _initial_programmatic_mode():
+    """SANTA_CUPY_PDL: "auto" (default), "1" / "on" or "0" / "off" -> None, True or False."""
+    value = os.environ.get("SANTA_CUPY_PDL", "auto").strip().lower()
+    modes = {"auto": None, "1": True, "on": True, "0": False, "off": False}
+    if value not in modes:
+        raise ValueError(f"SANTA_CUPY_PDL={value!r}: use auto, on (1) or off (0)")
+    return modes[value]
 
 
-def programmatic_launch() -> bool:
-    """Whether launches currently use programmatic dependent launch (set_programmatic_launch)."""
+# on: True (always), False (never) or None (automatic: while the current stream captures a graph)
+_programmatic = {"on": _initial_programmatic_mode(), "launch": None, "attr": None}
+
+
+def programmatic_launch() -> bool | None:
+    """The process-wide programmatic-launch mode (set_programmatic_launch): True, False, or None
+    (automatic: launches captured into a CUDA graph on sm_90+ use it, eager launches do not)."""
     return _programmatic["on"]
 
 
@@ -327,15 +338,39 @@ def programmatic_launch_available() -> bool:
     return True
 
 
-def set_programmatic_launch(on: bool) -> bool:
+def set_programmatic_launch(on: bool | None) -> bool | None:
     """From now on launch santa-cupy's kernels (attention and decoder) with programmatic dependent
     launch (each may be scheduled while the previous kernel in the stream finishes, and waits for
-    it on the device; sm_90 and later), or plainly; a plan whose kernel choice sets
-    ``programmatic`` follows that instead. -> whether it is on."""
+    it on the device; sm_90 and later): True always, False never, None (the default, or
+    SANTA_CUPY_PDL=auto|on|off at import) while the current stream captures a CUDA graph, where
+    the launches' host cost (cuLaunchKernelEx through ctypes) is paid once. A plan whose kernel
+    choice sets ``programmatic`` follows that instead. -> the mode now in force (True only where
+    the device has it)."""
+    if on is not None and not isinstance(on, bool):
+        raise TypeError(f"set_programmatic_launch takes True, False or None, got {on!r}")
     if on and not programmatic_launch_available():
+        on = False
+    _programmatic["on"] = on
+    return on
+
+
+def _capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.get_current_stream().is_capturing())
+    except Exception:                  # no device, or the legacy stream beside a capturing one
         return False
-    _programmatic["on"] = bool(on)
-    return _programmatic["on"]
+
+
+def launches_programmatically(programmatic=None) -> bool:
+    """Whether kernels.launch would use programmatic dependent launch now, given a plan's choice
+    ``programmatic`` (None: the process-wide mode)."""
+    mode = _programmatic["on"] if programmatic is None else programmatic
+    if mode is None:
+        return _capturing() and programmatic_launch_available()
+    return bool(mode)
 
 
 def _c_arg(a):
@@ -354,7 +389,8 @@ def _c_arg(a):
 def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, programmatic=None, check=True):
     """Launch on the current stream with enough dynamic shared memory (raising the limit if needed);
     with programmatic dependent launch when ``programmatic`` (True only where
-    programmatic_launch_available()), or, None, when set_programmatic_launch(True). The arguments
+    programmatic_launch_available()), or, None, as the process-wide mode says
+    (launches_programmatically: by default while the stream captures a graph). The arguments
     of a registered kernel (register_kernel: every kernel of santa_cupy and llama_min) are checked
     against its C declaration first (kernel_args.check: a TypeError, nothing launched), unless
     ``check`` is False (a caller that checked the same launch site's argument types before)."""
@@ -363,7 +399,7 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, prog
         kernel_args.check(entry[1], args)
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
-    if not (_programmatic["on"] if programmatic is None else programmatic):
+    if not launches_programmatically(programmatic):
         kernel(tuple(int(x) for x in grid), (threads,), tuple(args), shared_mem=shared_mem)
         return
     import cupy

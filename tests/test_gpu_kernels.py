@@ -580,11 +580,13 @@ def test_programmatic_launch_is_bit_identical(options):
     L_max = options.pop("max_length")
     q, k, v, lens = to_gpu(*random_inputs(rng, B, H, KVH, D, L_max, [L_max, L_max - 77, 1], "bfloat16"))
 
+    mode = kernels.programmatic_launch()
+
     def run(programmatic):
         try:
             plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L_max, dtype="bfloat16",
                               programmatic=programmatic, **options)
-            assert plan._programmatic == programmatic and not kernels.programmatic_launch()
+            assert plan._programmatic == programmatic and kernels.programmatic_launch() == mode
             plan.run(q, k, v, lens, validate=False)              # compile outside the capture
             cupy.cuda.Device().synchronize()
             stream = cupy.cuda.Stream(non_blocking=True)
@@ -600,7 +602,7 @@ def test_programmatic_launch_is_bit_identical(options):
                     outs += [plan.out.get(), plan.lse.get()]
             return outs
         finally:
-            kernels.set_programmatic_launch(False)
+            kernels.set_programmatic_launch(mode)
 
     atomics = options.get("method") == "santa" and options.get("tile_kernel", "auto") != "block"
     for i, (got, want) in enumerate(zip(run(True), run(False))):

@@ -141,3 +141,36 @@ def test_a_plan_checks_each_kernel_at_its_first_launch_only(monkeypatch):
     assert first >= 3                       # score, prefix, pass 2 (and the merge where it runs)
     plan.run(q, k, v, lengths)
     assert len(checked) == first
+
+
+@pytest.mark.parametrize("value, mode", [("auto", None), ("on", True), ("1", True), ("OFF", False), ("0", False)])
+def test_programmatic_mode_from_the_environment(monkeypatch, value, mode):
+    monkeypatch.setenv("SANTA_CUPY_PDL", value)
+    assert kernels._initial_programmatic_mode() is mode
+
+
+def test_programmatic_mode_rejects_other_values(monkeypatch):
+    monkeypatch.setenv("SANTA_CUPY_PDL", "yes")
+    with pytest.raises(ValueError, match="SANTA_CUPY_PDL"):
+        kernels._initial_programmatic_mode()
+    with pytest.raises(TypeError, match="True, False or None"):
+        kernels.set_programmatic_launch("on")
+
+
+def test_automatic_mode_launches_programmatically_only_while_capturing(monkeypatch):
+    """Mode None: a launch captured into a graph goes programmatic (where the device has it), an
+    eager one plainly; a plan's own choice wins over the process-wide mode."""
+    import sys
+    import types
+    capturing = [False]
+    stream = types.SimpleNamespace(is_capturing=lambda: capturing[0])
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: stream)))
+    monkeypatch.setattr(kernels, "programmatic_launch_available", lambda: True)
+    monkeypatch.setitem(kernels._programmatic, "on", None)
+    assert not kernels.launches_programmatically()
+    capturing[0] = True
+    assert kernels.launches_programmatically()
+    assert not kernels.launches_programmatically(False)
+    monkeypatch.setitem(kernels._programmatic, "on", False)
+    assert not kernels.launches_programmatically() and kernels.launches_programmatically(True)
