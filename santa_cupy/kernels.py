@@ -369,8 +369,9 @@ def launches_programmatically(programmatic=None) -> bool:
     ``programmatic`` (None: the process-wide mode)."""
     mode = _programmatic["on"] if programmatic is None else programmatic
     if mode is None:
-        return _capturing() and programmatic_launch_available()
-    return bool(mode)
+        mode = _capturing()
+    # True from SANTA_CUPY_PDL needs the device checked (and the driver's entry point loaded) here
+    return bool(mode) and programmatic_launch_available()
 
 
 def _c_arg(a):

@@ -729,6 +729,25 @@ def test_bench_flashinfer_calls_the_0_6_13_api_on_16_row_pages(flashinfer_stand_
     assert ("a free view" in row["note"]) == (L % 16 == 0) and "tensor cores" in row["note"]
 
 
+def test_bench_flashinfer_times_plainly_where_pdl_is_refused(flashinfer_stand_ins, monkeypatch):
+    """bench kernels asks FlashInfer for PDL where ours use it; a build that refuses it is timed
+    plainly, and the row's note says so."""
+    torch, fi, cp, timed = flashinfer_stand_ins
+    real_run = _FakeDecodeWrapper.run
+
+    def run(self, *a, enable_pdl=None, **k):
+        if enable_pdl:
+            raise RuntimeError("PDL needs sm_90")
+        return real_run(self, *a, enable_pdl=enable_pdl, **k)
+
+    monkeypatch.setattr(_FakeDecodeWrapper, "run", run)
+    row = bench.peers.bench_flashinfer(torch, fi, cp, TINY, 2, 64, _bf16_inputs(2, 64), n_inner=2, repeats=3,
+                                       pdl=True)
+    assert row["us"] == 7.5 and "pdl off (enable_pdl failed: RuntimeError: PDL needs sm_90" in row["note"], row
+    (w,) = _FakeDecodeWrapper.made
+    assert [r["enable_pdl"] for r in w.runs] == [False] * 3 and timed == [2]
+
+
 def test_bench_flashinfer_refuses_a_wrong_page_table(flashinfer_stand_ins, monkeypatch):
     """The output check is what makes a wrong view fail before it is timed."""
     torch, fi, cp, timed = flashinfer_stand_ins

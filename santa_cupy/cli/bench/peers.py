@@ -144,8 +144,16 @@ def bench_flashinfer(torch, flashinfer, cp, shape: Shape, B, L, inputs, n_inner,
         def call(q, k, v):
             return wrapper.run(q, (k, v), out=out, enable_pdl=pdl)
 
-        call(*pages[0])
-        torch.cuda.synchronize()
+        pdl_refused = ""
+        try:
+            call(*pages[0])
+            torch.cuda.synchronize()
+        except Exception as exc:             # a build without PDL: time it plainly, and say so
+            if not pdl:
+                raise
+            pdl, pdl_refused = False, f" (enable_pdl failed: {_exc_line(exc, 60)})"
+            call(*pages[0])
+            torch.cuda.synchronize()
         got = cp.from_dlpack(out.view(torch.int16) if shape.dtype == "bfloat16" else out)
         got = bf16_to_float32(cp, got.view(cp.uint16)) if shape.dtype == "bfloat16" else got.astype(cp.float32)
         q0, k0, v0 = inputs[0]
@@ -158,7 +166,7 @@ def bench_flashinfer(torch, flashinfer, cp, shape: Shape, B, L, inputs, n_inner,
         view = "a free view" if layout.free_view else f"K/V copied to {layout.capacity}-row capacity outside timing"
         return {"us": us, "timing": mode, "check_error": err,
                 "note": f"flashinfer {getattr(flashinfer, '__version__', '?')}: {layout.pages_per_seq} pages of "
-                        f"{layout.page_rows} rows per sequence ({view}), tensor cores, pdl {'on' if pdl else 'off'}"}
+                        f"{layout.page_rows} rows per sequence ({view}), tensor cores, pdl {'on' if pdl else 'off'}{pdl_refused}"}
     except Exception as exc:
         import traceback
         _log(f"flashinfer B={B} L={L}: {traceback.format_exc()}")     # a JIT build's whole log
