@@ -387,23 +387,45 @@ struct KeyRun {
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,
     // or an empty range (next_end == next0) after the last, whose loads then read nothing.
+    // Steps go in pairs (buffer 0, then 1: the step counter is even at a tile's start). A tile of
+    // more than 4 steps (SPAN 1: the key pass's full-width path, the paged score pass) rolls its
+    // pairs, so its code is one pair's, not NSTEP steps': unrolled, santa_score_keys_mma's four
+    // paths were 144 KB of SASS, and at a quarter of K a quarter of its stall samples were
+    // instruction fetch (no_inst, Nsight Compute, H200). Rolled, SANTA on 16-row pages (the
+    // score pass's SPAN 1 instance) took 380.2 instead of 401.1 us at B=16 32k.
     template <typename Query, typename KRows, typename F>
     __device__ __forceinline__ void score_tile(const Query& mq, int index, const KRows& K, i64 b, i64 row0,
                                                i64 row_end, i64 next0, i64 next_end, int g, int gi, int tq, F&& f) {
-#pragma unroll
-        for (int st = 0; st < NSTEP; ++st) {
-            const int k = index * NSTEP + st, cur = k & 1;       // the run's step counter
-            // Step k + 1 into the other buffer: step st + 1 of this tile, or step 0 of the next.
-            const bool last = st + 1 == NSTEP;
-            const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
-            const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
-            load_step(kbuf[cur ^ 1], K, b, key0, step0, key_end, g, gi, tq);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float s[4];
-                mq.scores(s, kbuf[cur][j]);
-                f(SPAN * st + (j >> 1), j & 1, s);
+        (void)index;
+        if constexpr (NSTEP > 4) {
+#pragma unroll 1
+            for (int st = 0; st < NSTEP; st += 2) {
+                score_step<0>(mq, st, K, b, row0, row_end, next0, next_end, g, gi, tq, f);
+                score_step<1>(mq, st + 1, K, b, row0, row_end, next0, next_end, g, gi, tq, f);
             }
+        } else {
+#pragma unroll
+            for (int st = 0; st < NSTEP; st += 2) {
+                score_step<0>(mq, st, K, b, row0, row_end, next0, next_end, g, gi, tq, f);
+                score_step<1>(mq, st + 1, K, b, row0, row_end, next0, next_end, g, gi, tq, f);
+            }
+        }
+    }
+
+    // Step st of the tile from buffer CUR while step st + 1 (after the last: the next tile's first)
+    // loads into the other.
+    template <int CUR, typename Query, typename KRows, typename F>
+    __device__ __forceinline__ void score_step(const Query& mq, int st, const KRows& K, i64 b, i64 row0,
+                                               i64 row_end, i64 next0, i64 next_end, int g, int gi, int tq, F& f) {
+        const bool last = st + 1 == NSTEP;
+        const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
+        const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
+        load_step(kbuf[CUR ^ 1], K, b, key0, step0, key_end, g, gi, tq);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float s[4];
+            mq.scores(s, kbuf[CUR][j]);
+            f(SPAN * st + (j >> 1), j & 1, s);
         }
     }
 };

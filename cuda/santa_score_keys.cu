@@ -445,8 +445,13 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
 //   first: a quarter of K at B=16 32k, uniform rule, FB 32, took 129.6 us with the groups in id
 //   order and 106.5 heaviest first, H200). Writes what santa_score_keys writes; no shared memory, no block-level
 //   sync.
+//   4 blocks an SM up to G 8 (128 registers; G >= 9 took 142-156 before any cap): with its
+//   full-width path's steps rolled (mma.cuh KeyRun) ptxas wanted 141 at G 4 and 3 blocks an SM,
+//   which measured 2-14% slower than the unrolled kernel; capped, it spills 40-52 bytes and
+//   measured faster where blocks go unread (B=16 32k, FB 32: K pass at half / a quarter of K
+//   186.3 -> 175.9 / 125.0 -> 114.8 us), 1% slower reading all of K (289.8 -> 293.0).
 template <typename T, int D, int BN, int G>
-__global__ void __launch_bounds__(SC_NTHREADS)
+__global__ void __launch_bounds__(SC_NTHREADS, G <= 8 ? 4 : 1)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                      int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                      const float* __restrict__ key_weight, const int* __restrict__ group_order,
