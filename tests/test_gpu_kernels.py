@@ -533,6 +533,36 @@ def test_stash_in_l2_changes_no_bit(budget, G, D, dtype, block_n):
             assert np.array_equal(x, y, equal_nan=True)
 
 
+@pytest.mark.parametrize("budget", ["global", "largest_remainder"])
+def test_prefix_matches_reference_across_chunks(budget):
+    """santa_prefix against reference.global_prefix on the plan's own tile stats: the cdf and lse to
+    float64 rounding (the kernel scans in another order than the reference's sequential cumsum), the
+    last C exactly 1, and the Hamilton allocation summing to S. Lengths of 1, 2 and 3 chunks of
+    1024 tiles (block_n 64: up to 2500 tiles), a partial last tile, and one tile."""
+    rng = np.random.default_rng(17 + len(budget))
+    block_n, S = 64, 256
+    lengths = [64 * 2500 - 5, 64 * 1024, 64 * 1024 + 1, 7]
+    L_max = max(lengths)
+    B, G, KVH, D = len(lengths), 2, 1, 64
+    q, k, v, lens = random_inputs(rng, B, G * KVH, KVH, D, L_max, lengths, "float16", peak=3.0)
+    plan = DecodePlan(batch=B, heads=G * KVH, kv_heads=KVH, head_dim=D, max_length=L_max, dtype="float16",
+                      samples=S, budget=budget, seed=3, block_n=block_n, santa_min_length=0)
+    plan.run(*to_gpu(q, k, v, lens))
+    part_s, cdf, lse = plan.part_s.get(), plan.cdf.get(), plan.lse.get()
+    for b, n in enumerate(lengths):
+        tiles = -(-n // block_n)
+        m, l = part_s[b, :, :tiles, 0], part_s[b, :, :tiles, 1]
+        ref = reference.global_prefix(m, l, samples=S if budget == "largest_remainder" else None)
+        np.testing.assert_allclose(cdf[b, :, :tiles], ref.C, rtol=1e-12, atol=1e-15)
+        assert (cdf[b, :, tiles - 1] == 1.0).all()
+        assert np.all(np.diff(cdf[b, :, :tiles], axis=-1) >= 0)
+        np.testing.assert_allclose(lse[b], (ref.m_star + np.log(ref.Z)).astype(np.float32), rtol=1e-6)
+        if budget == "largest_remainder":
+            alloc = plan.alloc.get()[b, :, :tiles]
+            assert (alloc.sum(-1) == S).all()
+            assert np.abs(alloc - ref.S_lr).sum() <= 2 * G    # remainder ties decided by the last bits
+
+
 @pytest.mark.parametrize("G,D,dtype,block_n", [(1, 64, "bfloat16", 64), (4, 128, "bfloat16", 128),
                                                (3, 64, "float16", 128), (12, 128, "float16", 64)])
 def test_score_v4_matches_v2(G, D, dtype, block_n):
