@@ -537,8 +537,9 @@ def test_stash_in_l2_changes_no_bit(budget, G, D, dtype, block_n):
 def test_prefix_matches_reference_across_chunks(budget):
     """santa_prefix against reference.global_prefix on the plan's own tile stats: the cdf and lse to
     float64 rounding (the kernel scans in another order than the reference's sequential cumsum), the
-    last C exactly 1, and the Hamilton allocation summing to S. Lengths of 1, 2 and 3 chunks of
-    1024 tiles (block_n 64: up to 2500 tiles), a partial last tile, and one tile."""
+    last C exactly 1, and the Hamilton allocation summing to S. Sequences of many scan chunks
+    (santa_prefix scans 256 tiles a round; block_n 64: up to 2500 tiles), a whole number of chunks
+    and one tile more, a partial last tile, and a single tile."""
     rng = np.random.default_rng(17 + len(budget))
     block_n, S = 64, 256
     lengths = [64 * 2500 - 5, 64 * 1024, 64 * 1024 + 1, 7]
