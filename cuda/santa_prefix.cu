@@ -122,7 +122,8 @@ __device__ __forceinline__ float warp_head_prefix(const float4* __restrict__ st,
                                                   int t_lo, int t_hi) {
     const int lane = threadIdx.x & 31;
     double m_star = -1.0 / 0.0;
-    for (int t = lane; t < n_tiles; t += 32) m_star = fmax(m_star, (double)st[t].x);
+#pragma unroll 8
+    for (int t = lane; t < n_tiles; t += 32) m_star = fmax(m_star, (double)st[t].x);   // loads in flight together
     for (int o = 16; o > 0; o >>= 1) m_star = fmax(m_star, __shfl_xor_sync(0xffffffffu, m_star, o));
     double carry = 0.0;
     for (int base = 0; base < n_tiles; base += SC_PREFIX_THREADS) {
