@@ -3,18 +3,14 @@
 // grid (H, B), block 256 (SC_PREFIX_THREADS). From the tile stats of pass 1 it computes, in
 // float64: m* = max m_t, W_t = exp(m_t - m*) l_t, Z, and the inclusive prefix C_t = sum W / Z
 // (C of the last tile set to exactly 1), written to cdf[b, h, t]; lse[b, h] = m* + log Z (NaN when
-// a score was NaN: the warp pass 2 then writes NaN). Sequences shorter than santa_from (a santa
-// plan's dense fallback) are left alone. For budget largest_remainder it also writes the Hamilton
-// allocation alloc[b, h, t] of S samples: floor(S w_t) plus one for the S - sum(floor) tiles with
-// the largest remainders (ties: lower t first).
-// warp_head_prefix (at the end) is the same computation by one warp for one head, bit for bit:
-// santa_tile_warp's folded prefix (fold_prefix), which needs no santa_prefix launch. W_t is an
-// explicit _rn product in both, so that no compiler contracts it into the scan's first add in one
-// and not the other.
+// a score was NaN: the warp pass 2 then writes NaN), and rows_read[b, h / G] = 0 from the first
+// head of each group (santa_tile_warp adds this call's rows). Sequences shorter than santa_from
+// (a santa plan's dense fallback) are left alone. For budget largest_remainder
+// it also writes the Hamilton allocation alloc[b, h, t] of S samples: floor(S w_t) plus one for
+// the S - sum(floor) tiles with the largest remainders (ties: lower t first).
 #include "common.cuh"
 
 #define SC_PREFIX_THREADS 256
-#define SC_PREFIX_WARPS (SC_PREFIX_THREADS / 32)
 
 __device__ __forceinline__ double block_reduce_max_d(double v, double* red) {
     for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -49,7 +45,7 @@ __device__ __forceinline__ double block_scan_d(double v, double* red, double* to
 __global__ void __launch_bounds__(SC_PREFIX_THREADS)
 santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths, i64 L_max, int H, int BN,
              int T_max, int samples, int budget_lr, double* __restrict__ cdf, int* __restrict__ alloc,
-             float* __restrict__ lse, int santa_from) {
+             float* __restrict__ lse, int* __restrict__ rows_read, int G, int santa_from) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     __shared__ double red[SC_PREFIX_THREADS / 32];
@@ -58,6 +54,7 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
     const int n = seq_len(lengths, b, L_max);
     if (n < santa_from || n == 0) return;       // the dense kernel's, or empty (santa_tile_warp writes it)
     const int n_tiles = (n + BN - 1) / BN;
+    if (threadIdx.x == 0 && h % G == 0) rows_read[b * (H / G) + h / G] = 0;
     const float4* st = part_s + (b * H + h) * T_max;
     double* C = cdf + (b * H + h) * T_max;
 
@@ -68,7 +65,7 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
     double carry = 0.0;                          // sum of W over the chunks already scanned
     for (int base = 0; base < n_tiles; base += SC_PREFIX_THREADS) {
         const int t = base + threadIdx.x;
-        const double w = t < n_tiles ? __dmul_rn(exp((double)st[t].x - m_star), (double)st[t].y) : 0.0;
+        const double w = t < n_tiles ? exp((double)st[t].x - m_star) * (double)st[t].y : 0.0;
         double chunk_total;
         const double incl = block_scan_d(w, red, &chunk_total);
         if (t < n_tiles) C[t] = carry + incl;    // unnormalised for now
@@ -76,7 +73,7 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
     }
     __syncthreads();
     const double Z = carry;
-    if (threadIdx.x == 0) lse[b * H + h] = (float)__dadd_rn(m_star, log(Z));
+    if (threadIdx.x == 0) lse[b * H + h] = (float)(m_star + log(Z));
     for (int t = threadIdx.x; t < n_tiles; t += SC_PREFIX_THREADS)
         C[t] = (t == n_tiles - 1) ? 1.0 : C[t] / Z;
     if (!budget_lr) return;
@@ -107,50 +104,4 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
         }
         alloc[(b * H + h) * T_max + t] = (int)floor(sw) + (rank < extra ? 1 : 0);
     }
-}
-
-// santa_prefix's cdf and lse of one head, computed by one warp with santa_prefix's operations in its
-// order, so every value is the one santa_prefix writes, bit for bit: m* by fmax (exact in any
-// order); W_t = exp(m_t - m*) l_t; the tiles in chunks of SC_PREFIX_THREADS, lane i holding tile
-// base + 32 k + i for k < SC_PREFIX_WARPS (santa_prefix's thread 32 k + i), so that the chunk's 8
-// warp scans (Hillis-Steele, santa_prefix's shuffles) run side by side in one warp; their totals
-// added in warp order from 0.0 (block_scan_d), C_t = carry + (scan + before), carry += the chunk's
-// total. Writes C_t / Z (the last tile: exactly 1) for t in [t_lo, t_hi) only, the tiles its
-// caller reads; returns lse = float(m* + log Z). st: the head's tile stats (m_t, l_t, ., .), t <
-// n_tiles; C: the head's cdf row. Whole warp.
-__device__ __forceinline__ float warp_head_prefix(const float4* __restrict__ st, int n_tiles, double* __restrict__ C,
-                                                  int t_lo, int t_hi) {
-    const int lane = threadIdx.x & 31;
-    double m_star = -1.0 / 0.0;
-#pragma unroll 8
-    for (int t = lane; t < n_tiles; t += 32) m_star = fmax(m_star, (double)st[t].x);   // loads in flight together
-    for (int o = 16; o > 0; o >>= 1) m_star = fmax(m_star, __shfl_xor_sync(0xffffffffu, m_star, o));
-    double carry = 0.0;
-    for (int base = 0; base < n_tiles; base += SC_PREFIX_THREADS) {
-        double v[SC_PREFIX_WARPS];
-#pragma unroll
-        for (int k = 0; k < SC_PREFIX_WARPS; ++k) {
-            const int t = base + 32 * k + lane;
-            v[k] = t < n_tiles ? __dmul_rn(exp((double)st[t].x - m_star), (double)st[t].y) : 0.0;
-        }
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1)
-#pragma unroll
-            for (int k = 0; k < SC_PREFIX_WARPS; ++k) {
-                const double n = __shfl_up_sync(0xffffffffu, v[k], o);
-                if (lane >= o) v[k] += n;
-            }
-        double before = 0.0;                     // block_scan_d: the earlier warps' totals, in order
-#pragma unroll
-        for (int k = 0; k < SC_PREFIX_WARPS; ++k) {
-            const int t = base + 32 * k + lane;
-            if (t >= t_lo && t < t_hi) C[t] = carry + (v[k] + before);   // unnormalised for now
-            before += __shfl_sync(0xffffffffu, v[k], 31);
-        }
-        carry += before;                         // + the chunk's total
-    }
-    __syncwarp();                                // the lanes' C before other lanes read them
-    const double Z = carry;
-    for (int t = t_lo + lane; t < t_hi; t += 32) C[t] = (t == n_tiles - 1) ? 1.0 : C[t] / Z;
-    return (float)__dadd_rn(m_star, log(Z));
 }

@@ -24,8 +24,6 @@
 #include "async_copy.cuh"
 #include "gather_mma.cuh"
 #include "merge.cuh"
-// santa_prefix.cu: warp_head_prefix (kernels.py concatenates the files in this order)
-#include "santa_prefix.cu"
 
 #define SC_MODE_FUSED 0
 #define SC_MODE_SAMPLE 1
@@ -166,12 +164,8 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // a tile. Selected rows (the union over the group's heads) are gathered by one of two gathers
 // (kGather, below): staged through shared memory with every lane adding its D/32 elements into
 // per-head register accumulators of the tile (a light tile's rows in flight over the next tile's
-// counts), or staged and added on tensor cores. It follows santa_score_mma and santa_prefix (the
-// normalised cdf and the heads' lse, whose non-finite value marks a NaN/inf score: that head draws
-// nothing and its o is NaN), or with fold_prefix (budgets global and fixed) santa_score_mma alone:
-// each block then computes the prefix of its own tiles from pass 1's stats (warp_head_prefix,
-// santa_prefix's values bit for bit), one launch and dependency fewer for G x n_tiles stats re-read
-// per block.
+// counts), or staged and added on tensor cores. It follows santa_score_mma and santa_prefix (the normalised cdf and the heads' lse, whose
+// non-finite value marks a NaN/inf score: that head draws nothing and its o is NaN).
 // grid (KVH, blocks of the batch's runs), block SC_NTHREADS (common.cuh run_block: runs of c tiles,
 // c from tiles_per_warp and the lengths, as in santa_score_mma); warp w of its sequence's block k
 // takes run r = 4k + w, tiles [r * c, (r + 1) * c).
@@ -183,9 +177,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 //     ||sum c V||^2 / S_t) (the tiles' variances; o = the sum).
 // The block sums its 4 runs in shared memory, then one of two finishes (kFinish, the plan's choice
 // from B * KVH, kernels.FINISH_MAX_GROUPS); either way the last block of the (sequence, KV head) to
-// arrive writes o, spread and rows_read, so sample, gather and merge are one launch. arrive [2][B *
-// KVH] u32: the blocks' arrival counters, then the rows read so far (the warps add theirs); the last
-// block sets both back to 0.
+// arrive writes o and spread, so sample, gather and merge are one launch:
 //   kFinish: the block adds its sums into copy blockIdx.x % SC_ACC_COPIES of the accumulators
 //     acc [copies][B*H*D + B*H]; the last block reads the copies (finish_head) and zeroes them.
 //     For few groups, whose many blocks a group the atomics spread over the L2 (B=1 32k: 64).
@@ -203,7 +195,7 @@ santa_tile(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __re
 // this session; capped at 128 it spilled 100+ bytes).
 // Shared memory (kernels.py: tile_warp_smem_bytes): per warp cnt [G][BN] i32 | rows [BN] i32;
 // then per warp sums [G][D] f32; then per warp SC_GATHER_STAGE_BYTES of staged V rows; then, SC_GATHER_PIPE,
-// per warp the pending tile's counts [G][kStageRows] f32; then the heads' lse [G] f32.
+// per warp the pending tile's counts [G][kStageRows] f32.
 
 
 template <typename T, int N>
@@ -448,12 +440,11 @@ template <typename T, int D, int BN, int G, int kGather, bool kFinish>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 4 ? 4 : 3)
 santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, int H, int KVH, i64 L_max,
                 int T_max, int tiles_per_warp, int batch, int budget, int samples, u64 seed, const i64* __restrict__ step,
-                int layer, int head_offset, const float* __restrict__ scores, double* __restrict__ cdf,
+                int layer, int head_offset, const float* __restrict__ scores, const double* __restrict__ cdf,
                 const int* __restrict__ alloc, float4* __restrict__ part_s, float* __restrict__ part_o,
                 float* __restrict__ acc, unsigned* __restrict__ arrive, int* __restrict__ rows_read,
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
-                int stash_in_l2, int fold_prefix, const int* __restrict__ block_table, int page_size, int table_stride,
-                int page_hnd) {
+                int stash_in_l2, const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
@@ -503,33 +494,9 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                warp * kStageRows * D;
     // SC_GATHER_PIPE: the pending tile's counts [G][kStageRows] after the 4 warps' stages
     constexpr bool kPipe = kGather == SC_GATHER_PIPE;
-    float* coef_all = reinterpret_cast<float*>(reinterpret_cast<T*>(reinterpret_cast<float*>(smem) +
-                                                                    kWarps * (G * BN + BN + G * D)) +
-                                               kWarps * kStageRows * D);
-    float* coef = coef_all + warp * G * kStageRows;
-    // then the heads' lse [G] (fold_prefix: computed here)
-    float* lse_s = coef_all + (kPipe ? kWarps * G * kStageRows : 0);
-
-    // fold_prefix: santa_prefix's work for this block, in place of its launch. Warp w computes head
-    // w's (and w + 4's) lse and cdf from all of the head's tile stats (warp_head_prefix: the same
-    // bits), writing the cdf of the block's tiles and of the tile before them, which its warps read
-    // below; the sequence's first block writes lse. Every block re-reads its heads' G x n_tiles
-    // stats (the plan folds where those reads are few).
-    if (fold_prefix) {
-        const int tb = blk * kWarps * c, te = min(tb + kWarps * c, n_tiles);
-        for (int h = warp; h < G; h += kWarps) {
-            const float lse_h = warp_head_prefix(part_s + (head0 + h) * T_max, n_tiles, cdf + (head0 + h) * T_max,
-                                                 max(tb - 1, 0), te);
-            if (lane == 0) {
-                lse_s[h] = lse_h;
-                if (blk == 0) lse[head0 + h] = lse_h;
-            }
-        }
-        __syncthreads();                     // the cdf (global) and lse_s, for every warp of the block
-    } else {
-        for (int h = threadIdx.x; h < G; h += SC_NTHREADS) lse_s[h] = lse[head0 + h];
-        __syncthreads();
-    }
+    float* coef = reinterpret_cast<float*>(reinterpret_cast<T*>(reinterpret_cast<float*>(smem) +
+                                                                kWarps * (G * BN + BN + G * D)) +
+                                           kWarps * kStageRows * D) + warp * G * kStageRows;
 
     float* m2_w = reinterpret_cast<float*>(rows);              // after the run: its m2 per head
 #pragma unroll
@@ -550,7 +517,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // A head whose log-sum-exp is not finite (NaN or inf in its scores) draws no points and its
     // output is NaN (finish_head).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
-    const bool head_ok = lane < G ? isfinite(lse_s[lane]) : true;
+    const bool head_ok = lane < G ? isfinite(lse[head0 + lane]) : true;
     auto cdf_at = [&](int t) { return cdf[head_row + t]; };
     float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
     double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
@@ -696,8 +663,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
         const float m2 = warp_sum(m2p[h]);
         if (lane == 0) m2_w[h] = m2;
     }
-    if (lane == 0 && rows_total > 0)                          // this call's rows read so far: arrive's 2nd half
-        atomicAdd(arrive + (i64)batch * KVH + b * KVH + g, (unsigned)rows_total);
+    if (lane == 0 && rows_total > 0) atomicAdd(&rows_read[b * KVH + g], rows_total);
     } else if (lane < G) {
         m2_w[lane] = 0.f;
     }
@@ -733,17 +699,16 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             part_s[(head0 + h) * T_max + blk].z = x;
         }
     }
-    // The last block of the (b, KV head) to finish writes o, spread and rows_read (kFinish: and
-    // zeroes the copies), and zeroes the rows' counter.
+    // The last block of the (b, KV head) to finish writes o and spread (kFinish: and zeroes the
+    // copies).
     if (!block_arrives_last(arrive + b * KVH + g, blocks)) return;
-    if (threadIdx.x == 0) rows_read[b * KVH + g] = (int)atomicExch(arrive + (i64)batch * KVH + b * KVH + g, 0u);
     const float inv_s = fixed ? 0.f : 1.f / (float)samples;
     for (int h = warp; h < G; h += kWarps) {
         if constexpr (kFinish)
             finish_head<T, D>(acc + (head0 + h) * D, acc + (i64)batch * H * D + head0 + h, copy_stride, inv_s,
-                              isfinite(lse_s[h]), out + (head0 + h) * D, spread + head0 + h);
+                              isfinite(lse[head0 + h]), out + (head0 + h) * D, spread + head0 + h);
         else
             finish_head_from_parts<T, D>(part_o + (head0 + h) * T_max * D, part_s + (head0 + h) * T_max, (int)blocks,
-                                         inv_s, isfinite(lse_s[h]), out + (head0 + h) * D, spread + head0 + h);
+                                         inv_s, isfinite(lse[head0 + h]), out + (head0 + h) * D, spread + head0 + h);
     }
 }

@@ -56,10 +56,8 @@ class _PlanLaunches:
                 if self.santa_from > self.L_max:
                     return stages
             stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
-            if not self.fold_prefix:
-                stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
-            pass2 = "prefix + sample + gather + finish (warp)" if self.fold_prefix else "sample + gather + finish (warp)"
-            stages[pass2] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
+            stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
+            stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
                                                                                 pages)
             return stages
         if self.two_pass:
@@ -83,12 +81,13 @@ class _PlanLaunches:
         self._launch(self._dense_fn, (self.KVH, self.dense_pairs), args + tail,
                        kernels.dense_smem_bytes(self.dtype, self.D, self.G, self.dense_kernel))
 
-    def _score_and_prefix(self, q, k_cache, lengths, pages, santa_from=0, layer=0):
-        """The score pass (stash and tile stats), then santa_prefix (the comb's cdf and lse; the
-        Hamilton allocation for the largest remainder budget). santa_from: the warp pipeline's
-        dense fallback (shorter sequences skipped); layer: the key-sampling draws' RNG key."""
+    def _score_and_prefix(self, q, k_cache, lengths, pages, rows_read=None, santa_from=0, layer=0):
+        """The score pass (stash and tile stats), then santa_prefix (the comb's cdf, lse, rows_read
+        zeroed; the Hamilton allocation for the largest remainder budget). santa_from: the warp
+        pipeline's dense fallback (shorter sequences skipped); rows_read: a scratch buffer for the
+        standalone stages, so as not to clear the last run's; layer: the key-sampling draws' RNG key."""
         self._score(q, k_cache, lengths, pages, santa_from, layer)
-        self._prefix(lengths, santa_from)
+        self._prefix(lengths, rows_read, santa_from)
 
     def _score(self, q, k_cache, lengths, pages, santa_from=0, layer=0):
         """santa_score / santa_score_mma, or with key sampling santa_key_blocks + santa_score_keys on
@@ -106,12 +105,12 @@ class _PlanLaunches:
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
                             i32(self.stash_in_l2), *pages), smem)
 
-    def _prefix(self, lengths, santa_from=0):
+    def _prefix(self, lengths, rows_read=None, santa_from=0):
         i32, i64 = kernels.i32, kernels.i64
         self._launch(self.kernels.prefix, (self.H, self.B),
                        (self.part_s, lengths, i64(self.L_max), i32(self.H), i32(self.block_n), i32(self.T_max),
                         i32(self.samples), i32(self.budget == "largest_remainder"), self.cdf, self.alloc, self.lse,
-                        i32(santa_from)),
+                        self.rows_read if rows_read is None else rows_read, i32(self.G), i32(santa_from)),
                        threads=kernels.PREFIX_THREADS)
 
     def _tile_warp(self, v_cache, lengths, layer, out, pages):
@@ -125,8 +124,7 @@ class _PlanLaunches:
                         u64(self.seed), self.step, i32(layer), i32(self.head_offset), self.scores, self.cdf,
                         self.alloc, self.part_s, self.part_o, self.acc, self.arrive,
                         self.rows_read, out, self.lse, self.spread,
-                        i32(self.santa_from), i32(self.stash_in_l2), i32(self.fold_prefix), *pages),
-                     self._warp_smem)
+                        i32(self.santa_from), i32(self.stash_in_l2), *pages), self._warp_smem)
 
     def _one_pass(self, q, k_cache, v_cache, lengths, layer, hint, pages):
         """santa_one_pass: score, take rows by the hint's inclusion probabilities, gather; one

@@ -34,22 +34,6 @@ class _PlanSizing:
                              f"got tile_kernel={self.tile_kernel!r}")
         return int(santa_min_length)
 
-    def _fold_prefix(self, choice):
-        """Whether santa_tile_warp computes the prefix itself (no santa_prefix launch): the choice's
-        prefix_fold, or None: where every pass-2 block's re-read of its heads' tile stats (G x
-        T_max x 16 bytes) adds up to at most choice.prefix_fold_max_bytes. The warp pipeline with
-        budget global or fixed only (largest_remainder needs santa_prefix's allocation)."""
-        applies = self._warp and self.two_pass and self.budget != "largest_remainder"
-        if choice.prefix_fold is None:
-            if not applies:
-                return False
-            reads = self.KVH * self._run_blocks(self.tile_tpw) * self.G * self.T_max * 16
-            return reads <= choice.prefix_fold_max_bytes
-        if choice.prefix_fold and not applies:
-            raise ValueError("prefix_fold=True needs the warp pass 2 (tile_kernel 'warp' or 'warp_mma') with budget "
-                             f"'global' or 'fixed', got tile_kernel={self.tile_kernel!r}, budget={self.budget!r}")
-        return bool(choice.prefix_fold)
-
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""
         import cupy

@@ -53,11 +53,6 @@ FINISH_MAX_GROUPS = 8
 # (another call: 325.8 / 366.9), so above the fraction the score pass reads K plainly and pass 2
 # drops nothing (docs/results/h200_9603329).
 STASH_L2_FRACTION = 0.5
-# The warp pipeline's prefix folded into santa_tile_warp (budgets global and fixed): every block
-# computes the cdf of its tiles and its heads' lse from all G x n_tiles tile stats of its heads,
-# instead of the santa_prefix launch between the score pass and pass 2. "auto" folds while the
-# blocks' stats reads (pass-2 blocks x G x T_max x 16 bytes) stay under this many bytes.
-PREFIX_FOLD_MAX_BYTES = 0
 
 
 @dataclass(frozen=True)
@@ -85,10 +80,6 @@ class KernelChoice:
         stash dropped once pass 2 has read it: plan.scores is then undefined after a run) up to
         this many stash bytes; None: STASH_L2_FRACTION of the device's L2; 0: never (the stash
         stays readable, e.g. for tests).
-    prefix_fold: the warp pipeline's prefix inside santa_tile_warp (True), santa_prefix's launch
-        (False), or None: folded while its stats reads stay under prefix_fold_max_bytes (budgets
-        global and fixed only; largest_remainder always launches santa_prefix for its allocation).
-    prefix_fold_max_bytes: "auto" folds up to this many bytes of pass-2 blocks' stats reads.
     merge_wide: santa_merge with 8 partials in flight per warp (True) or 4 (False); None: 8 where
         its (H, B) grid is at most one wave of SMs (latency-bound), else 4 (fewer registers).
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
@@ -108,8 +99,6 @@ class KernelChoice:
     merge_wide: bool | None = None
     programmatic: bool | None = None
     stash_l2_max_bytes: int | None = None
-    prefix_fold: bool | None = None
-    prefix_fold_max_bytes: int = PREFIX_FOLD_MAX_BYTES
 
     def __post_init__(self):
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
@@ -118,15 +107,14 @@ class KernelChoice:
         # (name, least value, None allowed: automatic)
         for name, low, automatic in (("tiles_per_warp", 1, True), ("dense_splits", 1, True),
                                      ("self_merge_max_splits", 0, False), ("fused_fixed_max_kv_bytes", 0, False),
-                                     ("finish_max_groups", 0, False), ("stash_l2_max_bytes", 0, True),
-                                     ("prefix_fold_max_bytes", 0, False)):
+                                     ("finish_max_groups", 0, False), ("stash_l2_max_bytes", 0, True)):
             value = getattr(self, name)
             if automatic and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
                 what = "None (automatic) or an integer" if automatic else "an integer"
                 raise ValueError(f"{name} must be {what} >= {low}, got {value!r}")
-        for name in ("merge_wide", "programmatic", "prefix_fold"):
+        for name in ("merge_wide", "programmatic"):
             value = getattr(self, name)
             if not (value is None or isinstance(value, bool)):
                 raise ValueError(f"{name} must be None, True or False, got {value!r}")

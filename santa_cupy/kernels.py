@@ -199,12 +199,11 @@ def expected_rows_per_tile(group, samples, block_n, max_length) -> float:
 
 def tile_warp_smem_bytes(block_n, group, head_dim, mma=False) -> int:
     """santa_tile_warp: per warp cnt [G][BN] i32 | rows [BN] i32 | sums [G][D] f32 | GATHER_STAGE_BYTES
-    of staged 16-bit V rows (+ "warp", the pipelined gather: the pending tile's counts [G][stage rows] f32);
-    then the heads' lse [G] f32."""
+    of staged 16-bit V rows (+ "warp", the pipelined gather: the pending tile's counts [G][stage rows] f32)."""
     per_warp = 4 * (group * block_n + block_n + group * head_dim) + GATHER_STAGE_BYTES
     if not mma:
         per_warp += 4 * group * (GATHER_STAGE_BYTES // (2 * head_dim))
-    return (THREADS // 32) * per_warp + 4 * group
+    return (THREADS // 32) * per_warp
 
 
 def one_pass_supported(sampler, group, dtype_name, head_dim) -> bool:

@@ -215,8 +215,6 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
             if self.one_pass:
                 self._one_pass_smem = kernels.one_pass_smem_bytes(self.block_n, self.G, head_dim, dtype)
                 self.one_tpw = tiles_per_warp or self._tiles_per_warp(self.kernels.one_pass, self._one_pass_smem)
-        # santa_prefix's work inside santa_tile_warp (kernel_choice.PREFIX_FOLD_MAX_BYTES)
-        self.fold_prefix = self._fold_prefix(choice)
         self.merge_counters = cupy.zeros((batch * kv_heads if self.dense_merges_itself else 1,), cupy.uint32)
         B, H, P, D = batch, heads, self.P_max, head_dim
         self.part_o = cupy.empty((B, H, P, D), cupy.float32)
@@ -236,10 +234,9 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         # (b, KV head) writes o, with atomic_finish from the accumulators acc [ACC_COPIES, B*H*D +
         # B*H] (its blocks add into copy blockIdx.x % ACC_COPIES: fewer atomics on each address),
         # which it zeroes, else from its blocks' partials in part_o / part_s; its arrival counters
-        # go back to 0, and so does its count of the rows read, which it writes to rows_read. No call
-        # fills anything.
+        # go back to 0. No call fills anything (santa_prefix zeroes rows_read).
         if self._warp:
-            self.arrive = cupy.zeros((2 * batch * kv_heads,), cupy.uint32)
+            self.arrive = cupy.zeros((batch * kv_heads,), cupy.uint32)
             self.acc = cupy.zeros((kernels.ACC_COPIES, B * H * (D + 1)) if self.atomic_finish else (1,),
                                   cupy.float32)
         self.out = cupy.empty((B, H, D), STORAGE_DTYPE[dtype])
@@ -335,14 +332,12 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
             return out
         if lse_hint is not None:
             raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
-        if self._warp:                       # score, prefix (unless folded), then sample + gather + finish
+        if self._warp:                       # score, prefix, then sample + gather + finish
             if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
                 if self.santa_from > self.L_max:
                     return out
-            self._score(q, k_cache, lengths, pages, self.santa_from, layer)
-            if not self.fold_prefix:
-                self._prefix(lengths, self.santa_from)
+            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
             self._tile_warp(v_cache, lengths, layer, out, pages)
             return out
         self.rows_read.fill(0)
@@ -460,7 +455,8 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         lengths = self._int32_lengths(lengths)
         counts = cupy.zeros((self.B, self.H, self.L_max), cupy.int32)
         if self.two_pass:                  # the stash the fused run samples from
-            self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
+            self._score_and_prefix(q, k_cache, lengths, pages, rows_read=cupy.zeros(self.rows_read.shape, cupy.int32),
+                                   layer=layer)
         self._tile(q, k_cache, k_cache, lengths, layer, "sample", counts, pages)
         return counts
 

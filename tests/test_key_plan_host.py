@@ -62,10 +62,8 @@ def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
     assert score[3][-2] is p.scores and score[3][-1] is p.part_s
     tile_args = tile[3]
     if warp:                                            # the key pass's stash, every sequence santa
-        # santa_from 0, then stash_in_l2 (the stash of this small plan kept in the L2), fold_prefix,
-        # then the 4 page args
-        assert tile_args[14] is p.scores and int(tile_args[-7]) == 0 and int(tile_args[-6]) == p.stash_in_l2 == 1
-        assert int(tile_args[-5]) == p.fold_prefix
+        # santa_from 0, then stash_in_l2 (the stash of this small plan kept in the L2), then the 4 page args
+        assert tile_args[14] is p.scores and int(tile_args[-6]) == 0 and int(tile_args[-5]) == p.stash_in_l2 == 1
     else:
         assert int(tile_args[13]) == 0                  # own_scores 0: the stash of santa_score_keys
     info = p.info()

@@ -320,7 +320,7 @@ def test_runs_of_tiles_launch(launches):
     assert list(by_name) == ["santa_score_mma", "santa_prefix", "santa_tile_warp"]   # o from the warp pass 2
     smem = [s for name, _, _, _, s in launches if name == "santa_tile_warp"]
     assert plan.tile_kernel == "warp_mma"                      # 4 * 256 * 128 / 3000 = 44 rows per tile
-    assert smem == [34816 + 16]               # the staged layout (test_shared_memory_bytes_by_the_kernels_layout)
+    assert smem == [34816]                    # the staged layout (test_shared_memory_bytes_by_the_kernels_layout)
     auto = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000)
     assert auto.score_tpw >= 1 and auto.tile_tpw >= 1
     block = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, tile_kernel="block")
@@ -348,12 +348,10 @@ SMEM_BY_LAYOUT = [
      "santa_tile", 18864 + 4 * 48),
     # santa_tile_warp (block_n 128): cnt [G][BN] + rows [BN] i32 a warp, then sums [G][D] f32 a
     # warp, then a warp's SC_GATHER_STAGE_BYTES (4096 / (128 dims * 2 bytes) = 16 rows of V):
-    # 4 warps * 4 * (4*128 + 128) + 4 warps * 4 * (4*128) + 4 warps * 16 * 128 * 2 ("warp_mma"),
-    # then the heads' lse [G] f32;
-    (dict(method="santa", block_n=128, tile_kernel="warp_mma"), "santa_tile_warp", 18432 + 16384 + 4 * 4),
+    # 4 warps * 4 * (4*128 + 128) + 4 warps * 4 * (4*128) + 4 warps * 16 * 128 * 2 ("warp_mma");
+    (dict(method="santa", block_n=128, tile_kernel="warp_mma"), "santa_tile_warp", 18432 + 16384),
     # ... "warp" (the pipelined gather): + the pending tile's counts coef [G][16 rows] f32 a warp
-    (dict(method="santa", block_n=128, tile_kernel="warp"), "santa_tile_warp",
-     18432 + 16384 + 4 * 4 * 16 * 4 + 4 * 4),
+    (dict(method="santa", block_n=128, tile_kernel="warp"), "santa_tile_warp", 18432 + 16384 + 4 * 4 * 16 * 4),
     # santa_one_pass.cu (block_n 64): kWarpFloats = G*BN + BN + G*D + G*kStage = 256 + 64 + 512 + 64
     # floats a warp (sc, rows, sums, coef_st), then a warp's kStage = 16 rows of V (4096 bytes)
     (dict(method="santa", budget="one_pass", block_n=64), "santa_one_pass", 4 * 4 * 896 + 4 * 4096),

@@ -1,6 +1,6 @@
 """A small workload for `compute-sanitizer --tool racecheck` (shared-memory hazards): one call of each
 production kernel route (dense mma self-merging, santa's warp pipeline finishing in the kernel and
-through santa_merge with each gather, its prefix launched or folded into pass 2, the dense fallback, the block pass 2; on a feature-blocked K
+through santa_merge with each gather, the dense fallback, the block pass 2; on a feature-blocked K
 the dense kernel and block key sampling's santa_key_blocks + santa_score_keys)."""
 
 import sys
@@ -24,11 +24,10 @@ DecodePlan(method="dense", **kw).run(q, k, v, lengths)
 for budget in ("global", "fixed"):
     for tile in ("warp", "warp_mma"):
         for finish in (True, False):     # B * KVH = 6 groups: finishing in the kernel unless the cap is 0
-            for fold in (False, True):   # the prefix in santa_tile_warp or santa_prefix's launch
-                choice = KernelChoice(tile_kernel=tile, finish_max_groups=B * KVH if finish else 0, prefix_fold=fold)
-                plan = DecodePlan(budget=budget, santa_min_length=0, _kernels=choice, **kw)
-                assert plan.atomic_finish == finish and plan.fold_prefix == fold
-                plan.run(q, k, v, lengths)
+            choice = KernelChoice(tile_kernel=tile, finish_max_groups=B * KVH if finish else 0)
+            plan = DecodePlan(budget=budget, santa_min_length=0, _kernels=choice, **kw)
+            assert plan.atomic_finish == finish
+            plan.run(q, k, v, lengths)
 DecodePlan(santa_min_length=200, **kw).run(q, k, v, lengths)
 DecodePlan(sampler="iid", **kw).run(q, k, v, lengths)
 for FB in (16, 32):

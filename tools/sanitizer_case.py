@@ -34,14 +34,11 @@ for budget in spec.BUDGETS:
             sys_only = (lambda kind: kind if sampler == "systematic" else "auto")
             for tile in ("auto", sys_only("warp"), sys_only("warp_mma")):
                 for finish in (True, False):      # finish_max_groups 0: the runs' partials and santa_merge
-                    # the prefix launched, or folded into the warp pass 2 wherever it applies
-                    for fold_bytes in (0, 1 << 62):
-                        choice = KernelChoice(tiles_per_warp=runs, tile_kernel=tile, prefix_fold_max_bytes=fold_bytes,
-                                              **({} if finish else {"finish_max_groups": 0}))
-                        p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
-                                       sampler=sampler, budget=budget, block_n=64, santa_min_length=0,
-                                       _kernels=choice)
-                        p.run(q, k, v, lengths)
+                    choice = KernelChoice(tiles_per_warp=runs, tile_kernel=tile,
+                                          **({} if finish else {"finish_max_groups": 0}))
+                    p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40,
+                                   sampler=sampler, budget=budget, block_n=64, santa_min_length=0, _kernels=choice)
+                    p.run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                    budget=budget, block_n=64, _kernels=KernelChoice(score_kernel="stream")).run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,

@@ -38,13 +38,10 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 # (as before runs of tiles), or the warp pass 2's gather forced: "warp" = staged through shared
 # memory, light tiles pipelined, "warpmma" = staged and on tensor cores; the warp pass 2's finish
 # forced at any batch: "partials" = from block partials, "atomic" = through atomics (the plan picks
-# by B x KVH, kernel_choice.FINISH_MAX_GROUPS); the prefix folded into the warp pass 2 wherever it
-# applies or never: "fold" / "nofold" (the plan picks by kernel_choice.PREFIX_FOLD_MAX_BYTES);
-# dense "p<N>": N splits a KV group
+# by B x KVH, kernel_choice.FINISH_MAX_GROUPS); dense "p<N>": N splits a KV group
 SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                          "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"},
-                         "partials": {"finish_max_groups": 0}, "atomic": {"finish_max_groups": 1 << 30},
-                         "fold": {"prefix_fold_max_bytes": 1 << 62}, "nofold": {"prefix_fold_max_bytes": 0}}
+                         "partials": {"finish_max_groups": 0}, "atomic": {"finish_max_groups": 1 << 30}}
 # ... and the suffixes that change the attention setting: "always" = santa at every length (no
 # dense fallback below the plan's santa_min_length); setting suffixes may follow a kernel suffix and
 # each other ("-warp-always", "-bn64-always")
