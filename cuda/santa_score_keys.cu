@@ -454,7 +454,7 @@ template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 8 ? 4 : 1)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
                      int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
-                     const float* __restrict__ key_weight, const int* __restrict__ group_order, int class_runs,
+                     const float* __restrict__ key_weight, const int* __restrict__ group_order,
                      float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
@@ -466,20 +466,17 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     const i64 b = grp / KVH;
     const int n = seq_len(lengths, b, L_max);
     const int n_tiles = min(T_max, (n + BN - 1) / BN);
+    const int c = tiles_per_block;
+    const int t_begin = (blockIdx.x * (SC_NTHREADS / 32) + warp) * c, t_end = min(t_begin + c, n_tiles);
+    if (t_begin >= t_end) return;                        // whole warp
+    const i64 head0 = b * H + (i64)g * G;
+    const int tq = lane & 3;
     const float* wgt = key_weight + (b * KVH + g) * (D / FB);
     u32 groups = 0u;                                     // the 32-feature groups holding a read block
 #pragma unroll
     for (int i = 0; i < D / 32; ++i)
         if (FB == 32 ? wgt[i] != 0.f : (wgt[2 * i] != 0.f || wgt[2 * i + 1] != 0.f)) groups |= 1u << i;
     const int ng = __popc(groups);
-    // class_runs: a group reading ng of the D / 32 feature groups takes runs (D / 32) / max(ng, 1)
-    // times as long (integer part), about a full-width run's bytes each; the blocks the grid sized
-    // for full-width runs beyond its tiles exit here
-    const int c = class_runs ? tiles_per_block * max(1, (D / 32) / max(ng, 1)) : tiles_per_block;
-    const int t_begin = (blockIdx.x * (SC_NTHREADS / 32) + warp) * c, t_end = min(t_begin + c, n_tiles);
-    if (t_begin >= t_end) return;                        // whole warp
-    const i64 head0 = b * H + (i64)g * G;
-    const int tq = lane & 3;
     // No block read: every score is exactly 0 (what the weighted product of no block gives), so
     // each tile's stash is zeros and its stats (m, l) = (0, rows), as the online stats would
     // sum them (exact integers); no K and no tensor-core work. A quarter of K read by the uniform

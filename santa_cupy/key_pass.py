@@ -84,15 +84,13 @@ class KeyScorePass:
     (tensor cores; one warp a run, 4 a block).
     tiles_per_block: that run's tiles (the block's, or with "mma" the warp's); None: fitted
     (fit_tiles_per_block, kernels.tiles_per_warp).
-    class_runs ("mma" only): a group reading ng of the D / 32 feature groups takes runs (D / 32) //
-    max(ng, 1) times tiles_per_block (about a full-width run's bytes), not tiles_per_block.
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
-                 head_offset=0, tiles_per_block=None, score_kernel="auto", class_runs=False):
+                 head_offset=0, tiles_per_block=None, score_kernel="auto"):
         import cupy
 
         group = heads // kv_heads
@@ -103,7 +101,6 @@ class KeyScorePass:
         self.C = head_dim // self.FB
         self.T_max = -(-max_length // block_n)
         self.kv_offset = head_offset // group
-        self.class_runs = int(bool(class_runs))
         self.rule = kernels.KEY_RULE_CODE[setting.key_rule]
         self.combine = kernels.KEY_COMBINE_CODE[setting.key_combine]
         self.R, self.budget, self.seed = setting.key_draws, setting.key_budget, setting.seed
@@ -152,8 +149,7 @@ class KeyScorePass:
     def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
         """santa_score_keys(_mma) alone, on the blocks of the last launch_blocks."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        # the mma pass's launch order and run lengths by class
-        order = (self.group_order, i32(self.class_runs)) if self.score_kernel == "mma" else ()
+        order = (self.group_order,) if self.score_kernel == "mma" else ()   # the mma pass's launch order
         launch(self._score, (self._grid_x, self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
                 i32(self.tiles_per_block), i32(self.FB), self.key_weight, *order, scores, part_s))

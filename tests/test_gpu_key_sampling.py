@@ -314,37 +314,3 @@ def test_layout_helpers_on_cupy():
     assert np.array_equal(kb.get(), key_layout.to_blocked(k, 32))
     back = key_layout.from_blocked(kb, 37)
     assert isinstance(back, cupy.ndarray) and np.array_equal(back.get(), k)
-
-
-@pytest.mark.parametrize("FB,D", [(16, 128), (32, 128), (32, 64)])
-def test_class_runs_same_stash_and_stats(FB, D):
-    """KeyScorePass(class_runs=True): santa_score_keys_mma's longer runs for groups reading fewer
-    feature groups write the stash and tile stats of the plain runs bit for bit (a tile's scores
-    and stats never depend on its run), over groups of every class (rule qmax at 0.4 of K, lengths
-    ending inside a run, a sequence of one row)."""
-    import cupy
-    from santa_cupy.key_pass import KeyScorePass
-    block_n, G, KVH = 64, 2, 5
-    lengths = [37 * block_n + 5, 1, 9 * block_n, 20 * block_n - 3]
-    q, k, _, lens = _case("bfloat16", D, G, block_n, lengths, seed=FB + D, KVH=KVH)
-    B, H, _ = q.shape
-    L = k.shape[1]
-    setting = _setting(block_n, key_block=FB, key_budget=0.4, key_rule="qmax", key_draws=1)
-    qg, kbg, lg = cupy.asarray(q), cupy.asarray(key_layout.to_blocked(k, FB)), cupy.asarray(lens)
-    step = cupy.full((1,), 3, cupy.int64)
-    out = {}
-    for class_runs in (False, True):
-        kp = KeyScorePass(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=L, dtype="bfloat16",
-                          block_n=block_n, setting=setting, scale=1.0 / np.sqrt(D), score_kernel="mma",
-                          tiles_per_block=2, class_runs=class_runs)
-        scores = cupy.full((B, H, L), np.nan, cupy.float32)
-        part_s = cupy.full((B, H, kp.T_max, 4), np.nan, cupy.float32)
-        kp.launch(qg, kbg, lg, step, 0, scores, part_s)
-        classes = (kp.key_weight.get() != 0).reshape(B * (H // G), D // 32, 32 // FB).any(-1).sum(-1)
-        out[class_runs] = (scores.get(), part_s.get(), classes)
-    assert len(set(out[True][2])) >= 2, out[True][2]              # groups of several classes
-    for b, n in enumerate(lens):
-        tiles = -(-n // block_n)
-        assert np.array_equal(out[True][0][b, :, :n], out[False][0][b, :, :n])
-        assert np.isfinite(out[True][0][b, :, :n]).all()          # every row written
-        assert np.array_equal(out[True][1][b, :, :tiles, :2], out[False][1][b, :, :tiles, :2])

@@ -48,9 +48,6 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma"),
                     help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma")
-    ap.add_argument("--class-runs", type=int, nargs="+", default=[0], choices=(0, 1),
-                    help="santa_score_keys_mma's runs: 0 the same tiles a run for every group, 1 longer runs "
-                         "for groups reading fewer feature groups (KeyScorePass class_runs); several: each")
     ap.add_argument("--rule", default="uniform", choices=("uniform", "qmax", "qrms"),
                     help="the blocks' inclusion rule (uniform: pi = budget, no search; qmax / qrms: "
                          "santa_key_blocks bisects for the budget)")
@@ -86,21 +83,19 @@ def main() -> int:
         print(f"{name:44s} {us:9.1f} {k_bytes / 1e6:10.1f} {k_bytes / us / 1e6:6.2f} {1.0:8.3f}")
 
     for kernel in args.kernels:
-        for class_runs in (args.class_runs if kernel == "mma" else [0]):
-            bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes, class_runs)
+        bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes)
     return 0
 
 
-def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes, class_runs=0):
-    """The blocked key pass with score kernel ``kernel`` (and class_runs) at each of args.budgets."""
+def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes):
+    """The blocked key pass with score kernel ``kernel`` at each of args.budgets."""
     B, H, KVH, D, L, FB = args.batch, args.heads, args.kv_heads, args.head_dim, args.length, args.key_block
     t_full = None
     for budget in args.budgets:
         setting = AttentionSetting(block_n=args.block_n, key_sampling="bernoulli_block", key_block=FB,
                                    key_budget=budget, key_rule=args.rule)
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
-                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel,
-                          class_runs=bool(class_runs))
+                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         # alone, a launch of a few microseconds: in a CUDA graph (eager launches time the host)
         us_blocks = time_cupy_graph(cupy, [lambda: kp.launch_blocks(q, step, 0)], 20, 15)[0]
@@ -111,8 +106,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         saving = ""
         if t_full is not None and fraction < 1.0:
             saving = f"{(t_full - us) / (t_full * (1.0 - fraction)):7.2f}"
-        name = f"blocked {kernel}{' class runs' if class_runs else ''}, budget {budget:g}"
-        print(f"{name:44s} {us:9.1f} {read / 1e6:10.1f} "
+        print(f"{'blocked ' + kernel + ', budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
               f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (santa_key_blocks alone {us_blocks:.1f} us, "
               f"{kp.tiles_per_block} tiles a {'warp' if kernel == 'mma' else 'block'})")
     if t_full is None:
