@@ -44,12 +44,16 @@ __device__ __forceinline__ void load_lane(const float* src, float (&v)[N]) {
 
 // Whether this block is the last of `expected` to arrive at *counter (every thread gets the
 // answer). The block's global writes before the call are visible to the last block after it; the
-// last block resets the counter, so the next launch (or graph replay) finds it at 0.
+// last block resets the counter, so the next launch (or graph replay) finds it at 0. Only thread 0
+// fences, after the barrier (cooperative groups' grid sync does the same): the barrier orders the
+// other threads' writes before its fence, which is cumulative. A fence in every thread, each
+// waiting for its own atomics, held a sixth of santa_tile_warp's stall samples at B=1 32k and cost
+// SANTA 0.8-0.9 µs there (H100, docs/results/h100_fence_thread0).
 __device__ __forceinline__ bool block_arrives_last(unsigned* counter, unsigned expected) {
     __shared__ unsigned last;
-    __threadfence();                                    // this thread's partials, device-wide
-    __syncthreads();
+    __syncthreads();                                    // every thread's partials, ordered before ...
     if (threadIdx.x == 0) {
+        __threadfence();                                // ... thread 0's fence (cumulative), device-wide
         last = atomicAdd(counter, 1u) + 1u == expected;
         if (last) atomicExch(counter, 0u);
     }
