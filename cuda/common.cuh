@@ -74,6 +74,10 @@ template <typename T> struct Chunk {
 // and at once lets pass 2 in) call it at their end: with it first, pass 2's whole grid sat resident
 // through the score pass, and SANTA under PDL took 57.8 us instead of 42.7 plain at B=1 32k (H200,
 // llama8b; 115 vs 101 at B=1 128k, 120 vs 105 at B=4 32k, B=16 unchanged); at the end, 41.8.
+// Reads that may come before the wait in santa_prefix and santa_tile_warp: the call's lengths and
+// step, which no kernel of the pipeline writes. Their writers came before the score pass in the
+// stream, and the score pass triggers only after its own wait, so every kernel before it had
+// completed when a grid launched after that trigger starts (a writer after pass 2 waits first).
 // Both are no-ops on a plain launch, and compile to nothing before sm_90.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

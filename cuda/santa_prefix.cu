@@ -47,11 +47,12 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
              int T_max, int samples, int budget_lr, double* __restrict__ cdf, int* __restrict__ alloc,
              float* __restrict__ lse, int* __restrict__ rows_read, int G, int santa_from) {
     pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     __shared__ double red[SC_PREFIX_THREADS / 32];
     const int h = blockIdx.x;
     const i64 b = blockIdx.y;
+    // lengths before the wait: no kernel of the pipeline writes them (common.cuh, pdl_wait)
     const int n = seq_len(lengths, b, L_max);
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     if (n < santa_from || n == 0) return;       // the dense kernel's, or empty (santa_tile_warp writes it)
     const int n_tiles = (n + BN - 1) / BN;
     if (threadIdx.x == 0 && h % G == 0) rows_read[b * (H / G) + h / G] = 0;
@@ -62,20 +63,24 @@ santa_prefix(const float4* __restrict__ part_s, const int* __restrict__ lengths,
     for (int t = threadIdx.x; t < n_tiles; t += SC_PREFIX_THREADS) m_star = fmax(m_star, (double)st[t].x);
     m_star = block_reduce_max_d(m_star, red);
 
+    // The first chunk's unnormalised C stays in a register (a sequence of up to 256 tiles is
+    // written once, and its normalisation reads nothing back); later chunks' go through cdf.
     double carry = 0.0;                          // sum of W over the chunks already scanned
+    double c_first = 0.0;                        // this thread's C of the first chunk, unnormalised
     for (int base = 0; base < n_tiles; base += SC_PREFIX_THREADS) {
         const int t = base + threadIdx.x;
         const double w = t < n_tiles ? exp((double)st[t].x - m_star) * (double)st[t].y : 0.0;
         double chunk_total;
         const double incl = block_scan_d(w, red, &chunk_total);
-        if (t < n_tiles) C[t] = carry + incl;    // unnormalised for now
+        if (base == 0) c_first = incl;
+        else if (t < n_tiles) C[t] = carry + incl;   // unnormalised for now
         carry += chunk_total;
     }
     __syncthreads();
     const double Z = carry;
     if (threadIdx.x == 0) lse[b * H + h] = (float)(m_star + log(Z));
     for (int t = threadIdx.x; t < n_tiles; t += SC_PREFIX_THREADS)
-        C[t] = (t == n_tiles - 1) ? 1.0 : C[t] / Z;
+        C[t] = (t == n_tiles - 1) ? 1.0 : (t < SC_PREFIX_THREADS ? c_first : C[t]) / Z;
     if (!budget_lr) return;
 
     __syncthreads();

@@ -26,19 +26,26 @@ struct HeadDraw {
     int k_end;        // one past the last candidate
 };
 
+// The systematic comb's uniform offset of a head: one per head for the global budget (its comb
+// spans the sequence), one per tile otherwise.
+__device__ __forceinline__ float comb_uniform(u64 key, int budget, int t) {
+    return uniform01(key, budget == SC_BUDGET_GLOBAL ? SC_GLOBAL_TILE : (u64)t, 0);
+}
+
 // Thread h < G fills draws[h] for tile t (n_tiles tiles in this sequence) from the tile's inputs:
-// its exp-sum l_t, the prefix's C_{t-1} and C_t (budget global) and its allocation (largest
-// remainder); the values, so that a caller may load them ahead (santa_tile_warp).
-__device__ __forceinline__ void setup_head_draw_from(HeadDraw* d, int budget, int sampler, int samples,
-                                                     u64 key, int t, int n_tiles, float l_t, double cp,
-                                                     double cc, int alloc_t) {
+// its exp-sum l_t, the prefix's C_{t-1} and C_t (budget global), its allocation (largest
+// remainder) and, systematic, the comb's offset u = comb_uniform(key, budget, t); the values, so
+// that a caller may load and draw them ahead (santa_tile_warp).
+__device__ __forceinline__ void setup_head_draw_u(HeadDraw* d, int budget, int sampler, int samples,
+                                                  u64 key, int t, int n_tiles, float l_t, double cp,
+                                                  double cc, int alloc_t, float u) {
     d->key = key; d->l = l_t; d->off = 0.f; d->a = 0.f; d->n = 0; d->k_begin = 0; d->k_end = 0;
     d->c_prev = 0.0; d->c_cur = 0.0;
     if (budget == SC_BUDGET_GLOBAL) {
         const double S = (double)samples;
         d->c_prev = cp; d->c_cur = cc;
         if (sampler == SC_SAMPLER_SYSTEMATIC) {
-            const double U = (double)uniform01(key, SC_GLOBAL_TILE, 0);
+            const double U = (double)u;
             const double k0 = ceil(S * cp - U), k1 = ceil(S * cc - U);
             d->n = (int)(k1 - k0);
             d->off = (float)(k0 + U - S * cp);
@@ -53,12 +60,20 @@ __device__ __forceinline__ void setup_head_draw_from(HeadDraw* d, int budget, in
         const int s_t = budget == SC_BUDGET_FIXED ? max(1, samples / n_tiles) : alloc_t;
         d->n = s_t;
         if (sampler == SC_SAMPLER_SYSTEMATIC) {
-            d->off = uniform01(key, (u64)t, 0);
+            d->off = u;
             d->a = __fdiv_rn((float)s_t, l_t);
         } else {
             d->k_begin = 0; d->k_end = s_t;
         }
     }
+}
+
+// The same, drawing u itself.
+__device__ __forceinline__ void setup_head_draw_from(HeadDraw* d, int budget, int sampler, int samples,
+                                                     u64 key, int t, int n_tiles, float l_t, double cp,
+                                                     double cc, int alloc_t) {
+    const float u = sampler == SC_SAMPLER_SYSTEMATIC ? comb_uniform(key, budget, t) : 0.f;
+    setup_head_draw_u(d, budget, sampler, samples, key, t, n_tiles, l_t, cp, cc, alloc_t, u);
 }
 
 // The same, loading what the budget needs from the head's cdf / alloc rows.

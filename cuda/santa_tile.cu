@@ -446,19 +446,28 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from,
                 int stash_in_l2, const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
     constexpr int E = D / 32;                // elements of a V row per lane
     constexpr int kWarps = SC_NTHREADS / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = blockIdx.x;                // the KV heads of one block of runs are neighbours
+    // Before the wait, which lets this grid in while santa_prefix runs: what depends only on the
+    // call's inputs (lengths, step), which no kernel of the pipeline writes, and whose writers
+    // finished before the score pass's trigger (common.cuh), which comes before santa_prefix's
+    // launch and so before this grid's: the block's run and sequence, the heads' RNG keys and
+    // combs' offsets. Their round trips and hashing then overlap santa_prefix instead of adding
+    // to this kernel's chain of round trips.
     // block x: its sequence's block `blk`, runs of c tiles (common.cuh run_block, as the score pass);
     // sequences shorter than santa_from are decode_dense_mma's and have no blocks here
     int b32, blk, c;
     run_block(lengths, batch, L_max, BN, T_max, tiles_per_warp, santa_from, blockIdx.y, &b32, &blk, &c);
-    if (b32 < 0) return;
-    const i64 b = b32;
+    const i64 b = b32 < 0 ? 0 : b32;
     const int n = seq_len(lengths, b, L_max);
+    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(head_offset + g * G + lane))
+                             : 0ull;
+    const float u_global = budget == SC_BUDGET_GLOBAL ? comb_uniform(key, budget, 0) : 0.f;
+    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    if (b32 < 0) return;
     const int n_tiles = (n + BN - 1) / BN;
     const int t0 = (blk * kWarps + warp) * c;
     const int t_end = min(t0 + c, n_tiles);
@@ -474,8 +483,6 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     const bool fixed = budget == SC_BUDGET_FIXED;
     // fixed: S_t comb points in every tile; the tile's variance is w^2 (sum c ||V||^2 - ||sum c V||^2 / S_t)
     const float inv_s_t = fixed ? 1.f / (float)max(1, samples / n_tiles) : 0.f;
-    const u64 key = lane < G ? head_key(seed, (u64)step[0], (u64)layer, (u64)b, (u64)(head_offset + g * G + lane))
-                             : 0ull;
     extern __shared__ __align__(16) unsigned char smem[];
     int* cnt = reinterpret_cast<int*>(smem) + warp * (G * BN + BN);   // [G][BN]
     int* rows = cnt + G * BN;                                          // [BN]
@@ -517,11 +524,15 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // A head whose log-sum-exp is not finite (NaN or inf in its scores) draws no points and its
     // output is NaN (finish_head).
     const i64 head_row = (head0 + (lane < G ? lane : 0)) * T_max;
-    const bool head_ok = lane < G ? isfinite(lse[head0 + lane]) : true;
     auto cdf_at = [&](int t) { return cdf[head_row + t]; };
-    float2 st_ahead = make_float2(0.f, 0.f);        // (m_t, l_t): part_s[., t].xy
-    double cc_ahead = 0.0, c_before = lane < G && t0 ? cdf_at(t0 - 1) : 0.0;
-    int alloc_ahead = 0;
+    // The head's lse and the first tile's inputs in one round trip: every lane loads (a lane past
+    // G head 0's, unused), so that no branch orders the loads one behind another.
+    const float lse_h = lse[head0 + (lane < G ? lane : 0)];
+    float2 st_ahead = *reinterpret_cast<const float2*>(part_s + head_row + t0);   // (m_t, l_t): part_s[., t].xy
+    double cc_ahead = cdf_at(t0), c_before = cdf_at(t0 > 0 ? t0 - 1 : 0);
+    int alloc_ahead = budget == SC_BUDGET_LR ? alloc[head_row + t0] : 0;
+    if (t0 == 0) c_before = 0.0;
+    const bool head_ok = lane < G ? isfinite(lse_h) : true;
     auto fetch = [&](int t) {
         if (lane < G && t < t_end) {
             st_ahead = *reinterpret_cast<const float2*>(part_s + head_row + t);
@@ -544,8 +555,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             m_next = st.x;
             // l_t = 1: the draw's slope a is the tile's points sw, divided by the tile's re-summed
             // exp-sum in warp_tile_counts (the normaliser of the counts themselves)
-            setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, 1.f, cp, cc,
-                                 alloc_t);
+            setup_head_draw_u(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, 1.f, cp, cc,
+                              alloc_t, budget == SC_BUDGET_GLOBAL ? u_global : comb_uniform(key, budget, t));
             if (fixed) w_next = (float)(cc - cp) * inv_s_t;
         } else {
             my_next.n = 0; my_next.a = 0.f; my_next.off = 0.f; my_next.l = 0.f;
@@ -555,7 +566,6 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             warp_tile_scores<BN, G>(sc_next, scores + head0 * L_max + (i64)t * BN, L_max,
                                     (int)min((i64)BN, n - (i64)t * BN), heads_next);
     };
-    fetch(t0);
     plan_tile(t0);
     int rows_total = 0;                      // distinct (tile, row) pairs read
     int pend = 0;                            // kPipe: rows of the previous tile waiting in the stage
