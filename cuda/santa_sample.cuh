@@ -36,9 +36,9 @@ __device__ __forceinline__ float comb_uniform(u64 key, int budget, int t) {
 // its exp-sum l_t, the prefix's C_{t-1} and C_t (budget global), its allocation (largest
 // remainder) and, systematic, the comb's offset u = comb_uniform(key, budget, t); the values, so
 // that a caller may load and draw them ahead (santa_tile_warp).
-__device__ __forceinline__ void setup_head_draw_u(HeadDraw* d, int budget, int sampler, int samples,
-                                                  u64 key, int t, int n_tiles, float l_t, double cp,
-                                                  double cc, int alloc_t, float u) {
+__device__ __forceinline__ void setup_head_draw_from(HeadDraw* d, int budget, int sampler, int samples,
+                                                     u64 key, int t, int n_tiles, float l_t, double cp,
+                                                     double cc, int alloc_t, float u) {
     d->key = key; d->l = l_t; d->off = 0.f; d->a = 0.f; d->n = 0; d->k_begin = 0; d->k_end = 0;
     d->c_prev = 0.0; d->c_cur = 0.0;
     if (budget == SC_BUDGET_GLOBAL) {
@@ -68,24 +68,17 @@ __device__ __forceinline__ void setup_head_draw_u(HeadDraw* d, int budget, int s
     }
 }
 
-// The same, drawing u itself.
-__device__ __forceinline__ void setup_head_draw_from(HeadDraw* d, int budget, int sampler, int samples,
-                                                     u64 key, int t, int n_tiles, float l_t, double cp,
-                                                     double cc, int alloc_t) {
-    const float u = sampler == SC_SAMPLER_SYSTEMATIC ? comb_uniform(key, budget, t) : 0.f;
-    setup_head_draw_u(d, budget, sampler, samples, key, t, n_tiles, l_t, cp, cc, alloc_t, u);
-}
-
-// The same, loading what the budget needs from the head's cdf / alloc rows.
+// The same, loading what the budget needs from the head's cdf / alloc rows and drawing u.
 __device__ __forceinline__ void setup_head_draw(HeadDraw* d, int budget, int sampler, int samples,
                                                 u64 key, int t, int n_tiles, float l_t,
                                                 const double* cdf_head, const int* alloc_head) {
+    auto u = [&] { return sampler == SC_SAMPLER_SYSTEMATIC ? comb_uniform(key, budget, t) : 0.f; };
     if (budget == SC_BUDGET_GLOBAL)
         setup_head_draw_from(d, budget, sampler, samples, key, t, n_tiles, l_t, t ? cdf_head[t - 1] : 0.0,
-                             cdf_head[t], 0);
+                             cdf_head[t], 0, u());
     else
         setup_head_draw_from(d, budget, sampler, samples, key, t, n_tiles, l_t, 0.0, 0.0,
-                             budget == SC_BUDGET_LR ? alloc_head[t] : 0);
+                             budget == SC_BUDGET_LR ? alloc_head[t] : 0, u());
 }
 
 // Number of systematic comb points below cumulative value `cum` (the closed form).

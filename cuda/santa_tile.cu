@@ -555,8 +555,8 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
             m_next = st.x;
             // l_t = 1: the draw's slope a is the tile's points sw, divided by the tile's re-summed
             // exp-sum in warp_tile_counts (the normaliser of the counts themselves)
-            setup_head_draw_u(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, 1.f, cp, cc,
-                              alloc_t, budget == SC_BUDGET_GLOBAL ? u_global : comb_uniform(key, budget, t));
+            setup_head_draw_from(&my_next, budget, SC_SAMPLER_SYSTEMATIC, samples, key, t, n_tiles, 1.f, cp, cc,
+                                 alloc_t, budget == SC_BUDGET_GLOBAL ? u_global : comb_uniform(key, budget, t));
             if (fixed) w_next = (float)(cc - cp) * inv_s_t;
         } else {
             my_next.n = 0; my_next.a = 0.f; my_next.off = 0.f; my_next.l = 0.f;
