@@ -74,10 +74,11 @@ template <typename T> struct Chunk {
 // and at once lets pass 2 in) call it at their end: with it first, pass 2's whole grid sat resident
 // through the score pass, and SANTA under PDL took 57.8 us instead of 42.7 plain at B=1 32k (H200,
 // llama8b; 115 vs 101 at B=1 128k, 120 vs 105 at B=4 32k, B=16 unchanged); at the end, 41.8.
-// Reads that may come before the wait in santa_prefix and santa_tile_warp: the call's lengths and
-// step, which no kernel of the pipeline writes. Their writers came before the score pass in the
-// stream, and the score pass triggers only after its own wait, so every kernel before it had
-// completed when a grid launched after that trigger starts (a writer after pass 2 waits first).
+// Reads that may come before the wait in santa_prefix, santa_tile_warp and a santa plan's dense
+// fallback (which runs after pass 2): the call's lengths and step, which no kernel of the pipeline
+// writes. Their writers came before the score pass in the stream, and the score pass triggers
+// only after its own wait, so every kernel before it had completed when a grid launched after
+// that trigger starts (a writer after the pipeline waits first).
 // Both are no-ops on a plain launch, and compile to nothing before sm_90.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -171,7 +172,7 @@ __device__ __forceinline__ void run_block(const int* lengths, int batch, i64 L_m
 // A santa plan's dense fallback (santa_from < SC_ALL_DENSE) first asks whether any sequence is
 // its (one warp-wide read of 32 lengths a round trip, so whole warps must call): where none is,
 // which is the common case the plan cannot see from the host, its blocks leave after that one
-// round trip instead of the two loops over the lengths below.
+// round trip instead of the two loops over the lengths of dense_pair (dense_fallback_wait).
 __device__ __forceinline__ bool any_dense_sequence(const int* lengths, int batch, i64 L_max, int santa_from) {
     const int lane = threadIdx.x & 31;
     for (int i0 = 0; i0 < batch; i0 += 32) {
@@ -181,12 +182,22 @@ __device__ __forceinline__ bool any_dense_sequence(const int* lengths, int batch
     return false;
 }
 
+// pdl_wait() of the dense mma kernels; false when the block has nothing to do. A santa plan's
+// dense fallback (santa_from < SC_ALL_DENSE) runs after pass 2, so it asks before the wait whether
+// any sequence is its own (lengths: pdl_wait's comment): where none is, its blocks leave as soon
+// as pass 2 completes, rather than after a round trip of their own in the pipeline's chain.
+// Whole warps (any_dense_sequence).
+__device__ __forceinline__ bool dense_fallback_wait(const int* lengths, int batch, i64 L_max, int santa_from) {
+    const bool mine = santa_from == SC_ALL_DENSE || any_dense_sequence(lengths, batch, L_max, santa_from);
+    pdl_wait();                           // before any read of an earlier kernel's output
+    return mine;
+}
+
 // The (sequence, split) of pair w of the grid (sequences in order, each its dense_split), or
-// b = -1 past the last pair. Whole warps (any_dense_sequence).
+// b = -1 past the last pair.
 __device__ __forceinline__ void dense_pair(const int* lengths, int batch, i64 L_max, int target, int max_splits,
                                            int santa_from, int w, int* b, int* split, int* rows) {
     *b = -1;
-    if (santa_from != SC_ALL_DENSE && !any_dense_sequence(lengths, batch, L_max, santa_from)) return;
     const i64 total = dense_rows_total(lengths, batch, L_max, santa_from);
     for (int i = 0; i < batch; ++i) {
         const DenseSplit sp = dense_split(seq_len(lengths, i, L_max), total, target, max_splits, santa_from);

@@ -411,7 +411,7 @@ decode_dense_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  float* __restrict__ lse, float* __restrict__ spread, int santa_from, int* __restrict__ rows_read,
                  const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    if (!dense_fallback_wait(lengths, batch, L_max, santa_from)) return;
     dense_mma_split<T, D, G>(q, SC_CACHE_ROWS(k_cache), SC_CACHE_ROWS(v_cache), lengths, scale, split_target, batch,
                              H, KVH, L_max, part_o, part_s, n_splits, self_merge, merge_counters, out, lse, spread,
                              santa_from, rows_read);
@@ -432,7 +432,7 @@ decode_dense_mma_blocked(const T* __restrict__ q, const T* __restrict__ kb, cons
                          float* __restrict__ lse, float* __restrict__ spread, int santa_from,
                          int* __restrict__ rows_read, int key_block) {
     pdl_launch_dependents();
-    pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
+    if (!dense_fallback_wait(lengths, batch, L_max, santa_from)) return;
     const BlockedKeyRows<T, D> K{kb, L_max, KVH, key_block};
     const CacheRows<T, D> V{v_cache, nullptr, L_max, KVH, 0, 0, 0};
     dense_mma_split<T, D, G>(q, K, V, lengths, scale, split_target, batch, H, KVH, L_max, part_o, part_s, n_splits,

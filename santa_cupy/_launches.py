@@ -50,15 +50,14 @@ class _PlanLaunches:
             stages["merge"] = lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
             return stages
         if self._warp:
+            if self.santa_from <= self.L_max:
+                stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
+                stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
+                stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer,
+                                                                                    self.out, pages)
             if self._dense_plan is not None:
                 stages["dense (sequences shorter than santa_from)"] = lambda: self._dense_plan._dense(
                     q, k_cache, v_cache, lengths, self.out, pages)
-                if self.santa_from > self.L_max:
-                    return stages
-            stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
-            stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
-            stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer, self.out,
-                                                                                pages)
             return stages
         if self.two_pass:
             stages["score + prefix"] = lambda: self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)

@@ -6,9 +6,10 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
           on a blocked K (key_layout="blocked", no key sampling) decode_dense_mma_blocked, the
           same kernel addressing K feature-blocked (fp16 / bf16 at D 64 / 128)
   santa, warp pipeline (systematic sampler, G <= 8, fp16/bf16 at D 64/128; every budget; the default):
-        [decode_dense_mma for the sequences shorter than santa_from: the dense fallback]
-        -> santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
-        (sample + gather; the last block per (sequence, KV head) writes o: no merge launch);
+        santa_score_mma (stash + tile stats) -> santa_prefix (cdf, lse) -> santa_tile_warp
+        (sample + gather; the last block per (sequence, KV head) writes o: no merge launch)
+        [-> decode_dense_mma for the sequences shorter than santa_from: the dense fallback, last,
+        so that under programmatic launch it learns whether it has any while pass 2 runs];
         where the stash fits in half the L2 (stash_in_l2) the score pass reads K evict-first and
         santa_tile_warp drops the stash once read, so ``scores`` is undefined after such a run
   santa, block pass 2 (other samplers, G > 8, fp32, D 256):
@@ -273,7 +274,9 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                 batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_length=max_length, dtype=dtype,
                 setting=AttentionSetting(method="dense"), scale=self.scale, _kernels=fallback,
                 _dense_rows=min(max_length, self.santa_from - 1))
-            self._dense_plan.santa_from = self.santa_from
+            # its kernel runs after pass 2 and reads lengths before its PDL wait (common.cuh,
+            # dense_fallback_wait), except where it runs alone: then it is a dense plan's kernel
+            self._dense_plan.santa_from = self.santa_from if self.santa_from <= max_length else _INT32_MAX
             self._dense_plan.out, self._dense_plan.lse = self.out, self.lse
             self._dense_plan.spread, self._dense_plan.rows_read = self.spread, self.rows_read
 
@@ -332,13 +335,12 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
             return out
         if lse_hint is not None:
             raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
-        if self._warp:                       # score, prefix, then sample + gather + finish
-            if self._dense_plan is not None:   # the short sequences (all of them when L_max < santa_from)
+        if self._warp:                       # score, prefix, sample + gather + finish, then the short sequences
+            if self.santa_from <= self.L_max:
+                self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
+                self._tile_warp(v_cache, lengths, layer, out, pages)
+            if self._dense_plan is not None:   # (all of them when L_max < santa_from)
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
-                if self.santa_from > self.L_max:
-                    return out
-            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
-            self._tile_warp(v_cache, lengths, layer, out, pages)
             return out
         self.rows_read.fill(0)
         if self.two_pass:

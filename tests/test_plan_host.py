@@ -457,7 +457,8 @@ def test_short_sequences_run_dense(launches):
     q, k, v, lengths = _inputs(L=3000)
     plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=1000)
     plan.run(q, k, v, lengths)
-    assert [name for name, *_ in launches] == ["decode_dense_mma", "santa_score_mma", "santa_prefix", "santa_tile_warp"]
+    # the dense fallback last: it asks whether any sequence is its own before its PDL wait, while pass 2 runs
+    assert [name for name, *_ in launches] == ["santa_score_mma", "santa_prefix", "santa_tile_warp", "decode_dense_mma"]
     by_name = {name: args for name, _, _, args, _ in launches}
     for name in by_name:
         assert int(by_name[name][params[name].index("santa_from")]) == 1000
@@ -471,6 +472,8 @@ def test_short_sequences_run_dense(launches):
     launches.clear()
     auto.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["decode_dense_mma"]          # L_max < santa_from: dense only
+    # ... as a dense plan's kernel (SC_ALL_DENSE), which reads no length before its PDL wait
+    assert int(launches[0][3][params["decode_dense_mma"].index("santa_from")]) == 2 ** 31 - 1
     assert kernels.santa_min_length(1, 8, 128, 2, 4.8e12) == 27891          # llama8b shape, B = 1
     assert kernels.santa_min_length(16, 8, 128, 2, 4.8e12) == 5479
     # more samples a head, more pass-2 work: a later crossover (S = 2048, the fixed budget's
