@@ -594,10 +594,12 @@ def test_score_v4_matches_v2(G, D, dtype, block_n):
     dict(method="dense", max_length=2000),                                 # dense that merges itself
     dict(method="dense", max_length=40_000),                               # + santa_merge after it
     dict(method="santa", budget="global", max_length=9000),                # score, prefix, warp tile, merge
+    # the length-1 sequence runs the dense fallback, after pass 2, asking before its wait
+    dict(method="santa", budget="global", max_length=9000, santa_min_length=100),
     dict(method="santa", budget="fixed", samples=2048, max_length=20_000, tile_kernel="warp_mma"),
     dict(method="santa", budget="largest_remainder", sampler="iid", max_length=9000, tile_kernel="block",
          score_kernel="stream"),
-], ids=["dense-self-merge", "dense-merge", "global", "fixed-mma", "lr-block-stream"])
+], ids=["dense-self-merge", "dense-merge", "global", "global-fallback", "fixed-mma", "lr-block-stream"])
 def test_programmatic_launch_is_bit_identical(options):
     """KernelChoice(programmatic=True): every launch may start while the one before it
     finishes; each kernel waits (griddepcontrol.wait) before reading. Two decode steps captured in
