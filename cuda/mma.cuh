@@ -152,6 +152,20 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const StreamedKe
                             K.policy);
 }
 
+// The whole row `key` of K into the L2 (KeyRun's prefetch ahead of its register buffers): the
+// cache's rows, under the stream's policy for StreamedKeyRows; the other row types (sampled or
+// feature-blocked keys, the key pass) prefetch nothing.
+template <typename KRows>
+__device__ __forceinline__ void prefetch_key_row(const KRows&, i64, i64, int) {}
+template <typename T, int D>
+__device__ __forceinline__ void prefetch_key_row(const CacheRows<T, D>& K, i64 b, i64 key, int g) {
+    prefetch_l2<false>(K.row(b, key, g), D * sizeof(T), 0ull);
+}
+template <typename T, int D>
+__device__ __forceinline__ void prefetch_key_row(const StreamedKeyRows<T, D>& K, i64 b, i64 key, int g) {
+    prefetch_l2<true>(K.row(b, key, g), D * sizeof(T), K.policy);
+}
+
 // The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):
 // piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of P * FB elements on; only the
 // pieces i with bit i of `pieces` set are read (the others are zeros).
@@ -280,61 +294,6 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[4 * NG], const CompactKe
     }
 }
 
-// ---- K steps into the L2 ahead of KeyRun's register buffers (KeyRun::ahead) --------------------
-// prefetch_key_step<KS>(K, b, key0, key_end, g): the rows [key0, min(key0 + KS, key_end)) of a
-// step (in one page) go to the L2; nothing waits for them. The cache's rows: a row a lane (under
-// the stream's policy for StreamedKeyRows); the feature-blocked K: a contiguous range a read block.
-template <int KS, typename KRows>
-__device__ __forceinline__ void prefetch_key_step(const KRows&, i64, i64, i64, int) {}
-
-template <int KS, typename T, int D, bool kHinted>
-__device__ __forceinline__ void prefetch_cache_step(const CacheRows<T, D>& K, u64 policy, i64 b, i64 key0,
-                                                    i64 key_end, int g) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int k = 0; k < KS; k += 32)
-        if (k + lane < KS && key0 + k + lane < key_end)
-            prefetch_l2<kHinted>(K.row(b, key0 + k + lane, g), D * sizeof(T), policy);
-}
-template <int KS, typename T, int D>
-__device__ __forceinline__ void prefetch_key_step(const CacheRows<T, D>& K, i64 b, i64 key0, i64 key_end, int g) {
-    prefetch_cache_step<KS, T, D, false>(K, 0ull, b, key0, key_end, g);
-}
-template <int KS, typename T, int D>
-__device__ __forceinline__ void prefetch_key_step(const StreamedKeyRows<T, D>& K, i64 b, i64 key0, i64 key_end,
-                                                  int g) {
-    prefetch_cache_step<KS, T, D, true>(K, K.policy, b, key0, key_end, g);
-}
-
-// The blocked K: a step's rows of one block are KS x FB contiguous elements (a step lies in one
-// page). Lane 0 (thread t = 0 of row group 0) prefetches the first FB-16 block of each read
-// 32-feature group k (goff[k] past the row's feature 0; FB 32: the group's one block), lane 2 (t =
-// 2) the second: bit k of their `pieces` says whether that block is read.
-template <int KS, typename T, int D, int NG>
-__device__ __forceinline__ void prefetch_blocked_step(const BlockedKeyRows<T, D>& K, u32 pieces,
-                                                      const i64 (&goff)[NG], i64 b, i64 key0, i64 key_end, int g) {
-    const int lane = threadIdx.x & 31;
-    const i64 rows = min((i64)KS, key_end - key0);
-    if ((lane == 0 || (lane == 2 && K.FB == 16)) && rows > 0) {
-        const T* row = K.row(b, key0, g) + (lane >> 1) * 16 * SC_KEY_PAGE_ROWS;
-#pragma unroll
-        for (int k = 0; k < NG; ++k)
-            if (pieces >> k & 1u) prefetch_l2<false>(row + goff[k], (u32)(rows * K.FB * sizeof(T)), 0ull);
-    }
-}
-template <int KS, typename T, int D>
-__device__ __forceinline__ void prefetch_key_step(const SampledKeyRows<T, D>& K, i64 b, i64 key0, i64 key_end, int g) {
-    i64 goff[D / 32];
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) goff[k] = (i64)k * 32 * SC_KEY_PAGE_ROWS;
-    prefetch_blocked_step<KS, T, D, D / 32>(K, K.pieces, goff, b, key0, key_end, g);
-}
-template <int KS, typename T, int D, int NG>
-__device__ __forceinline__ void prefetch_key_step(const CompactKeyRows<T, D, NG>& K, i64 b, i64 key0, i64 key_end,
-                                                  int g) {
-    prefetch_blocked_step<KS, T, D, NG>(K, K.pieces, K.goff, b, key0, key_end, g);
-}
-
 // KeyWeightedQuery restricted to the groups gid[0..NG): their words and block weights, loaded
 // from memory (selecting them from a full query's registers by a runtime group index would put
 // those registers in local memory).
@@ -453,10 +412,13 @@ struct KeyRun {
         for (int p = 1; p <= ahead && p < NSTEP; ++p) prefetch_step(K, b, row0 + KS * p, row_end, g);
     }
 
-    // The rows [key0, min(key0 + KS, key_end)) into the L2 (prefetch_key_step).
+    // The rows [key0, min(key0 + KS, key_end)) into the L2, a row a lane.
     template <typename KRows>
     __device__ __forceinline__ void prefetch_step(const KRows& K, i64 b, i64 key0, i64 key_end, int g) {
-        prefetch_key_step<KS>(K, b, key0, key_end, g);
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int k = 0; k < KS; k += 32)
+            if (k + lane < KS && key0 + k + lane < key_end) prefetch_key_row(K, b, key0 + k + lane, g);
     }
 
     // Step keys [key0, key0 + KS) (those < key_end) into buf; step0: a row of the sequence the step

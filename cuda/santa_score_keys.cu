@@ -412,7 +412,7 @@ __device__ __forceinline__ void stash_zero_scores(float* scores, float4* part_s,
 template <typename T, int D, int BN, int G, int NG>
 __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 groups, const T* kb, i64 L_max,
                                               int KVH, int FB, int n, float scale, int T_max, int t_begin, int t_end,
-                                              i64 b, int g, i64 head0, float* scores, float4* part_s, int ahead) {
+                                              i64 b, int g, i64 head0, float* scores, float4* part_s) {
     const int lane = threadIdx.x & 31, tq = lane & 3;
     int gid[NG];
 #pragma unroll
@@ -432,7 +432,7 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
     for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * SC_KEY_PAGE_ROWS;
     K.pieces = mq.read_pieces();
     score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
-                                                        scores, part_s, 1, ahead);
+                                                        scores, part_s);
 }
 
 // santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
@@ -453,7 +453,7 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
 template <typename T, int D, int BN, int G>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 8 ? 4 : 1)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
-                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB, int prefetch_steps,
+                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
                      const float* __restrict__ key_weight, const int* __restrict__ group_order,
                      float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
@@ -491,14 +491,14 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     // 4 groups; D 64: 1 of 2.
     if (ng == 1) {
         score_compact<T, D, BN, G, 1>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
-                                      head0, scores, part_s, prefetch_steps);
+                                      head0, scores, part_s);
         pdl_launch_dependents();
         return;
     }
     if constexpr (D == 128) {
         if (ng == 2) {
             score_compact<T, D, BN, G, 2>(q, wgt, groups, kb, L_max, KVH, FB, n, scale, T_max, t_begin, t_end, b, g,
-                                          head0, scores, part_s, prefetch_steps);
+                                          head0, scores, part_s);
             pdl_launch_dependents();
             return;
         }
@@ -513,6 +513,6 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     K.FB = FB;
     K.pieces = mq.read_pieces(tq);
     score_run<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores,
-                                           part_s, 1, prefetch_steps);
+                                           part_s);
     pdl_launch_dependents();
 }

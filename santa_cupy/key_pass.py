@@ -84,15 +84,13 @@ class KeyScorePass:
     (tensor cores; one warp a run, 4 a block).
     tiles_per_block: that run's tiles (the block's, or with "mma" the warp's); None: fitted
     (fit_tiles_per_block, kernels.tiles_per_warp).
-    prefetch_steps: santa_score_keys_mma prefetches the read blocks of this many K steps into the
-        L2 beyond the one its registers load (KernelChoice.score_prefetch_steps; 0: none).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
-                 head_offset=0, tiles_per_block=None, score_kernel="auto", prefetch_steps=0):
+                 head_offset=0, tiles_per_block=None, score_kernel="auto"):
         import cupy
 
         group = heads // kv_heads
@@ -110,7 +108,6 @@ class KeyScorePass:
         spec.check_choice("score_kernel", score_kernel, _kernel_choice.SCORE_KERNELS)
         self.score_kernel = _kernel_choice.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
         self._score = self.kernels.score_keys_mma if self.score_kernel == "mma" else self.kernels.score_keys
-        self.prefetch_steps = int(prefetch_steps)    # santa_score_keys_mma: K steps prefetched into the L2
         attrs = cupy.cuda.Device().attributes
         slots = kernels.resident_blocks(self._score, kernels.THREADS, 0, attrs) * attrs["MultiProcessorCount"]
         if tiles_per_block:
@@ -152,12 +149,10 @@ class KeyScorePass:
     def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
         """santa_score_keys(_mma) alone, on the blocks of the last launch_blocks."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        mma = self.score_kernel == "mma"
-        order = (self.group_order,) if mma else ()   # the mma pass's launch order
-        prefetch = (i32(self.prefetch_steps),) if mma else ()
+        order = (self.group_order,) if self.score_kernel == "mma" else ()   # the mma pass's launch order
         launch(self._score, (self._grid_x, self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                i32(self.tiles_per_block), i32(self.FB), *prefetch, self.key_weight, *order, scores, part_s))
+                i32(self.tiles_per_block), i32(self.FB), self.key_weight, *order, scores, part_s))
 
     def key_fraction(self):
         """[B, KVH] float32 (a new CuPy array): the fraction of each K row's blocks read by the last

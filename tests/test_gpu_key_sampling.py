@@ -277,38 +277,6 @@ def test_runs_of_tiles_a_block(runs, FB, score_kernel):
             assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("FB", [16, 32])
-@pytest.mark.parametrize("budget", [0.3, 0.8])
-def test_prefetch_changes_no_bit(FB, budget):
-    """santa_score_keys_mma's L2 prefetch of the read blocks ahead of its registers
-    (KernelChoice.score_prefetch_steps, prefetch_blocked_step): at every distance the stash and
-    tile stats of no prefetch, bit for bit, on the full and the compact runs (a small budget: groups
-    reading 0, 1 and 2 of 4 feature groups), runs of three tiles (prefetches into the next tile),
-    lengths ending inside a tile and a page."""
-    from tests.gpu_util import make_plan
-    dtype, D, G, block_n = CONFIGS[0]
-    lengths = [7 * block_n + 3, 1, 2 * block_n, 3 * block_n - 7]
-    q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=FB, KVH=4)
-    setting = _setting(block_n, key_block=FB, key_budget=budget, key_rule="uniform")
-    B, H, _ = q.shape
-    args = to_gpu(q, key_layout.to_blocked(k, FB), v, lens)
-    outs = []
-    for ahead in range(5):
-        plan = make_plan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
-                         setting=setting, key_layout="blocked", tiles_per_warp=3, score_prefetch_steps=ahead,
-                         stash_l2_max_bytes=0)        # the stash stays readable after the run
-        assert plan.key_pass.prefetch_steps == ahead and plan.key_pass.score_kernel == "mma"
-        plan.scores.fill(np.nan)
-        plan.run(*args, layer=2)
-        outs.append((plan.scores.get(), plan.part_s.get()[..., :2], plan.key_pass.blocks_read.get()))
-    for ahead, (scores, stats, read) in enumerate(outs[1:], 1):
-        assert np.array_equal(read, outs[0][2])
-        for b, n in enumerate(lengths):
-            assert np.array_equal(scores[b, :, :n], outs[0][0][b, :, :n]), (ahead, b)
-            tiles = -(-n // block_n)
-            assert np.array_equal(stats[b, :, :tiles], outs[0][1][b, :, :tiles]), (ahead, b)
-
-
 @pytest.mark.parametrize("FB,D", [(16, 128), (32, 128), (32, 64)])
 def test_launch_order_heaviest_group_first(FB, D):
     """santa_key_blocks' group_order (santa_score_keys_mma's launch order): the (sequence, KV head)

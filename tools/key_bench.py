@@ -51,9 +51,6 @@ def main() -> int:
     ap.add_argument("--rule", default="uniform", choices=("uniform", "qmax", "qrms"),
                     help="the blocks' inclusion rule (uniform: pi = budget, no search; qmax / qrms: "
                          "santa_key_blocks bisects for the budget)")
-    ap.add_argument("--prefetch", type=int, nargs="+", default=[0],
-                    help="santa_score_keys_mma's K steps prefetched into the L2 ahead of its registers "
-                         "(KernelChoice.score_prefetch_steps): one row of budgets each")
     args = ap.parse_args()
     import cupy
 
@@ -86,22 +83,19 @@ def main() -> int:
         print(f"{name:44s} {us:9.1f} {k_bytes / 1e6:10.1f} {k_bytes / us / 1e6:6.2f} {1.0:8.3f}")
 
     for kernel in args.kernels:
-        for ahead in (args.prefetch if kernel == "mma" else [0]):
-            bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes, ahead)
+        bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes)
     return 0
 
 
-def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes, ahead=0):
-    """The blocked key pass with score kernel ``kernel`` at each of args.budgets, prefetching
-    ``ahead`` K steps into the L2."""
+def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_s, k_bytes):
+    """The blocked key pass with score kernel ``kernel`` at each of args.budgets."""
     B, H, KVH, D, L, FB = args.batch, args.heads, args.kv_heads, args.head_dim, args.length, args.key_block
     t_full = None
     for budget in args.budgets:
         setting = AttentionSetting(block_n=args.block_n, key_sampling="bernoulli_block", key_block=FB,
                                    key_budget=budget, key_rule=args.rule)
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
-                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel,
-                          prefetch_steps=ahead)
+                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         # alone, a launch of a few microseconds: in a CUDA graph (eager launches time the host)
         us_blocks = time_cupy_graph(cupy, [lambda: kp.launch_blocks(q, step, 0)], 20, 15)[0]
@@ -112,8 +106,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         saving = ""
         if t_full is not None and fraction < 1.0:
             saving = f"{(t_full - us) / (t_full * (1.0 - fraction)):7.2f}"
-        name = f"blocked {kernel}{f', prefetch {ahead}' if ahead else ''}, budget {budget:g}"
-        print(f"{name:44s} {us:9.1f} {read / 1e6:10.1f} "
+        print(f"{'blocked ' + kernel + ', budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
               f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (santa_key_blocks alone {us_blocks:.1f} us, "
               f"{kp.tiles_per_block} tiles a {'warp' if kernel == 'mma' else 'block'})")
     if t_full is None:
