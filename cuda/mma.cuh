@@ -57,26 +57,6 @@ __device__ __forceinline__ uint4 load16_l2_hint(const void* p, u64 policy) {
     return x;
 }
 
-// A prefetch of `bytes` (a multiple of 16, 16-byte aligned) of global memory into the L2, under
-// an L2 policy (kHinted) or the default one: one bulk prefetch on sm_90 (cp.async.bulk.prefetch),
-// one prefetch a 128-byte line before. Nothing waits for it; a later load finds the lines in the L2.
-template <bool kHinted>
-__device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes, u64 policy) {
-#if __CUDA_ARCH__ >= 900
-    if constexpr (kHinted)
-        asm volatile("{ .reg .u64 ga; cvta.to.global.u64 ga, %0; "
-                     "cp.async.bulk.prefetch.L2.global.L2::cache_hint [ga], %1, %2; }"
-                     :: "l"(p), "r"(bytes), "l"(policy) : "memory");
-    else
-        asm volatile("{ .reg .u64 ga; cvta.to.global.u64 ga, %0; cp.async.bulk.prefetch.L2.global [ga], %1; }"
-                     :: "l"(p), "r"(bytes) : "memory");
-#else
-    (void)policy;
-    for (u32 off = 0; off < bytes; off += 128)
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(static_cast<const char*>(p) + off) : "memory");
-#endif
-}
-
 // N 32-bit words of a row as N/4 16-byte loads: quads first, first + stride, first + 2 stride, ...
 // of the row (a quad = 16 bytes), or zeros. kHinted: each load under the L2 policy `policy`.
 template <int N, bool kHinted = false>
@@ -150,20 +130,6 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const StreamedKe
                                                i64 step0, i64 key, i64 row_end, int g, int t) {
     load_quads<D / 8, true>(w, K.step_key(base, b, step0, key < row_end ? key : step0, g), t, 4, key < row_end,
                             K.policy);
-}
-
-// The whole row `key` of K into the L2 (KeyRun's prefetch ahead of its register buffers): the
-// cache's rows, under the stream's policy for StreamedKeyRows; the other row types (sampled or
-// feature-blocked keys, the key pass) prefetch nothing.
-template <typename KRows>
-__device__ __forceinline__ void prefetch_key_row(const KRows&, i64, i64, int) {}
-template <typename T, int D>
-__device__ __forceinline__ void prefetch_key_row(const CacheRows<T, D>& K, i64 b, i64 key, int g) {
-    prefetch_l2<false>(K.row(b, key, g), D * sizeof(T), 0ull);
-}
-template <typename T, int D>
-__device__ __forceinline__ void prefetch_key_row(const StreamedKeyRows<T, D>& K, i64 b, i64 key, int g) {
-    prefetch_l2<true>(K.row(b, key, g), D * sizeof(T), K.policy);
 }
 
 // The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):
@@ -400,25 +366,11 @@ struct KeyRun {
     static constexpr int NT = 2 * SPAN, KS = 16 * SPAN, NSTEP = BN / KS;
     static_assert(NSTEP * KS == BN && NSTEP % 2 == 0, "an even number of whole steps a tile");
     u32 kbuf[2][NT][W];                      // [buffer][n-tile][words]: step k in buffer k & 1
-    // Steps prefetched into the L2 beyond the one loading (0: none, at most NSTEP): the rows of
-    // step k + 1 + ahead go to the L2 while step k computes, so more of the stream is in flight
-    // than the two register buffers hold (prefetch_key_row; set before start).
-    int ahead = 0;
 
-    // Step 0 of the run's first tile (rows [row0, row_end)); steps 1 .. ahead of it prefetched.
+    // Step 0 of the run's first tile (rows [row0, row_end)).
     template <typename KRows>
     __device__ __forceinline__ void start(const KRows& K, i64 b, i64 row0, i64 row_end, int g, int gi, int tq) {
         load_step(kbuf[0], K, b, row0, row0, row_end, g, gi, tq);
-        for (int p = 1; p <= ahead && p < NSTEP; ++p) prefetch_step(K, b, row0 + KS * p, row_end, g);
-    }
-
-    // The rows [key0, min(key0 + KS, key_end)) into the L2, a row a lane.
-    template <typename KRows>
-    __device__ __forceinline__ void prefetch_step(const KRows& K, i64 b, i64 key0, i64 key_end, int g) {
-        const int lane = threadIdx.x & 31;
-#pragma unroll
-        for (int k = 0; k < KS; k += 32)
-            if (k + lane < KS && key0 + k + lane < key_end) prefetch_key_row(K, b, key0 + k + lane, g);
     }
 
     // Step keys [key0, key0 + KS) (those < key_end) into buf; step0: a row of the sequence the step
@@ -469,11 +421,6 @@ struct KeyRun {
         const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
         const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
         load_step(kbuf[CUR ^ 1], K, b, key0, step0, key_end, g, gi, tq);
-        if (ahead > 0) {                     // step st + 1 + ahead: this tile's, or the next's
-            const int p = st + 1 + ahead;
-            if (p < NSTEP) prefetch_step(K, b, row0 + KS * p, row_end, g);
-            else if (p - NSTEP < NSTEP) prefetch_step(K, b, next0 + KS * (p - NSTEP), next_end, g);
-        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             float s[4];

@@ -88,7 +88,7 @@ template <typename T, int D, int BN, int G, typename Run, typename Query, typena
 __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n, float scale,
                                           i64 L_max, int T_max, int t_begin, int t_end, i64 b, int g,
                                           i64 head0, float* __restrict__ scores, float4* __restrict__ part_s,
-                                          int stride = 1, int ahead = 0) {
+                                          int stride = 1) {
     constexpr bool kHi = MmaQuery<T, D, G>::kHi;         // rows gi + 8 hold heads too
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane >> 2, tq = lane & 3;
@@ -99,7 +99,6 @@ __device__ __forceinline__ void score_run(const Query& mq, const KRows& K, int n
     const bool own_lo = gi < G, own_hi = kHi && gi + 8 < G;
 
     Run kr;
-    kr.ahead = ahead;
     const i64 first0 = (i64)t_begin * BN, first_end = min(first0 + BN, (i64)n);
     kr.start(K, b, first0, first_end, g, gi, tq);
     for (int t = t_begin, i = 0; t < t_end; t += stride, ++i) {   // warp-uniform trip count
@@ -136,13 +135,13 @@ template <typename T, int D, int BN, int G, typename Run>
 __device__ __forceinline__ void score_run_rows(const MmaQuery<T, D, G>& mq, const CacheRows<T, D>& K, int stash_in_l2,
                                                int n, float scale, i64 L_max, int T_max, int t_begin, int t_end,
                                                int stride, i64 b, int g, i64 head0, float* __restrict__ scores,
-                                               float4* __restrict__ part_s, int ahead) {
+                                               float4* __restrict__ part_s) {
     if (stash_in_l2)
         score_run<T, D, BN, G, Run>(mq, StreamedKeyRows<T, D>{K, l2_evict_first_policy()}, n, scale, L_max, T_max,
-                                    t_begin, t_end, b, g, head0, scores, part_s, stride, ahead);
+                                    t_begin, t_end, b, g, head0, scores, part_s, stride);
     else
         score_run<T, D, BN, G, Run>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores, part_s,
-                                    stride, ahead);
+                                    stride);
 }
 
 // SPAN: 16-key steps a K register buffer holds (KeyRun). Two (kernels.SCORE_SPAN), 8 KB a warp in
@@ -157,7 +156,7 @@ __global__ void __launch_bounds__(SC_NTHREADS)
 santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const int* __restrict__ lengths,
                 float scale, int H, int KVH, i64 L_max, int T_max, int tiles_per_warp, int batch,
                 float* __restrict__ scores,
-                float4* __restrict__ part_s, int santa_from, int stash_in_l2, int prefetch_steps,
+                float4* __restrict__ part_s, int santa_from, int stash_in_l2,
                 const int* __restrict__ block_table, int page_size, int table_stride, int page_hnd) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
     static_assert(D == 64 || D == 128, "mma score: head_dim 64 or 128");
@@ -185,8 +184,7 @@ santa_score_mma(const T* __restrict__ q, const T* __restrict__ k_cache, const in
         mq.load(q, head0, lane >> 2, lane & 3);
         const CacheRows<T, D> K = SC_CACHE_ROWS(k_cache);
         score_run_rows<T, D, BN, G, KeyRun<T, D, BN, SPAN>>(mq, K, stash_in_l2, n, scale, L_max, T_max, t_begin,
-                                                             t_end, kWarps, b, g, head0, scores, part_s,
-                                                             prefetch_steps);
+                                                             t_end, kWarps, b, g, head0, scores, part_s);
     }
     pdl_launch_dependents();
 }

@@ -102,7 +102,7 @@ class _PlanLaunches:
             kernel, smem = self._score_warp_kernel
             self._launch(kernel, (self.KVH, self._run_blocks(self.score_tpw)),
                            (*common, i32(self.score_tpw), i32(self.B), self.scores, self.part_s, i32(santa_from),
-                            i32(self.stash_in_l2), i32(self.score_prefetch), *pages), smem)
+                            i32(self.stash_in_l2), *pages), smem)
 
     def _prefix(self, lengths, rows_read=None, santa_from=0):
         i32, i64 = kernels.i32, kernels.i64

@@ -53,10 +53,6 @@ FINISH_MAX_GROUPS = 8
 # (another call: 325.8 / 366.9), so above the fraction the score pass reads K plainly and pass 2
 # drops nothing (docs/results/h200_9603329).
 STASH_L2_FRACTION = 0.5
-# santa_score_mma's K stream holds one 16 x SPAN-key step in flight in registers while the other
-# computes (8 KB a warp at SPAN 2); with this many more steps prefetched into the L2 ahead of it
-# (cp.async.bulk.prefetch, a key row a lane) more of the stream is in flight than the registers hold.
-SCORE_PREFETCH_STEPS = 0
 
 
 @dataclass(frozen=True)
@@ -86,9 +82,6 @@ class KernelChoice:
         stays readable, e.g. for tests).
     merge_wide: santa_merge with 8 partials in flight per warp (True) or 4 (False); None: 8 where
         its (H, B) grid is at most one wave of SMs (latency-bound), else 4 (fewer registers).
-    score_prefetch_steps: santa_score_mma prefetches the K rows of this many 16 x SPAN-key steps
-        into the L2 beyond the step its second register buffer loads (0: none; at most the steps
-        of a tile, kernels.score_prefetch_limit).
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
         launches plainly), plainly (False), or None: as the process-wide
         ``kernels.set_programmatic_launch`` says at each launch.
@@ -106,7 +99,6 @@ class KernelChoice:
     merge_wide: bool | None = None
     programmatic: bool | None = None
     stash_l2_max_bytes: int | None = None
-    score_prefetch_steps: int = SCORE_PREFETCH_STEPS
 
     def __post_init__(self):
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
@@ -115,8 +107,7 @@ class KernelChoice:
         # (name, least value, None allowed: automatic)
         for name, low, automatic in (("tiles_per_warp", 1, True), ("dense_splits", 1, True),
                                      ("self_merge_max_splits", 0, False), ("fused_fixed_max_kv_bytes", 0, False),
-                                     ("finish_max_groups", 0, False), ("stash_l2_max_bytes", 0, True),
-                                     ("score_prefetch_steps", 0, False)):
+                                     ("finish_max_groups", 0, False), ("stash_l2_max_bytes", 0, True)):
             value = getattr(self, name)
             if automatic and value is None:
                 continue

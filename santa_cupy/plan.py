@@ -227,7 +227,6 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         if limit is None:
             limit = int(kernel_choice.STASH_L2_FRACTION * kernels.device_l2_bytes(cupy.cuda.Device().attributes))
         self.stash_in_l2 = int(self._warp and two_pass and self.scores.nbytes <= limit)
-        self.score_prefetch = choice.score_prefetch_steps    # santa_score_mma's K steps prefetched into the L2
         self.cdf = cupy.empty((B, H, self.T_max) if two_pass else (1,), cupy.float64)
         self.alloc = cupy.empty((B, H, self.T_max) if budget == "largest_remainder" else (1,), cupy.int32)
         if not self.one_pass:                # one_pass: a view of its counters (below)

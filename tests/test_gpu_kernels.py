@@ -13,8 +13,8 @@ import pytest
 
 import santa_cupy
 from santa_cupy import kernel_choice, kernels, reference, spec
-from tests.gpu_util import (DENSE_TOL, as_float32, assert_dense_matches, dense_error_bound, make_plan, paged_inputs,
-                            random_inputs, rel_l2, requires_gpu, stable_seed, to_gpu)
+from tests.gpu_util import (DENSE_TOL, as_float32, assert_dense_matches, dense_error_bound, make_plan, random_inputs,
+                            rel_l2, requires_gpu, stable_seed, to_gpu)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -588,44 +588,6 @@ def test_score_v4_matches_v2(G, D, dtype, block_n):
         tiles = -(-n // block_n)
         sa, sb = outs[0][1][j, :, :tiles, :2], outs[1][1][j, :, :tiles, :2]
         assert np.allclose(sa, sb, rtol=1e-4, atol=1e-5), "tile stats differ"
-
-
-@pytest.mark.parametrize("page_size", [None, 16, 48], ids=["contiguous", "pages16", "pages48"])
-@pytest.mark.parametrize("stash_l2", [0, None], ids=["stash-read-back", "stash-in-l2"])
-@pytest.mark.parametrize("G,D,dtype,block_n,tpw", [(4, 128, "bfloat16", 128, 3), (3, 64, "float16", 64, None)])
-def test_score_prefetch_changes_no_bit(G, D, dtype, block_n, tpw, stash_l2, page_size):
-    """santa_score_mma's L2 prefetch (KernelChoice.score_prefetch_steps) only moves K rows into the
-    L2 early: at every distance the stash (where it is read back), the tile stats, cdf and lse are
-    the bits of no prefetch, on runs of several tiles (prefetches into the run's next tile), partial
-    last tiles, a contiguous cache (under the stash's evict-first policy or not) and pages of 16
-    and 48 rows (the span-one instance, a table lookup a prefetched row)."""
-    import cupy
-    rng = np.random.default_rng(G * D + block_n + (page_size or 0))
-    lengths = [1, block_n - 1, 5 * block_n + 17, 9 * block_n + 3]
-    L_max = max(lengths) + 4
-    B, KVH = len(lengths), 2
-    if page_size is None:
-        q, k, v, lens = random_inputs(rng, B, KVH * G, KVH, D, L_max, lengths, dtype)
-        args, run_kw = to_gpu(q, k, v, lens), {}
-    else:
-        q, k, v, table, lens = paged_inputs(rng, lengths, page_size, H=KVH * G, KVH=KVH, D=D, dtype=dtype)
-        L_max = table.shape[1] * page_size
-        args, run_kw = to_gpu(q, k, v, lens), {"block_table": cupy.asarray(table)}
-    outs = []
-    for ahead in range(5):
-        plan = DecodePlan(batch=B, heads=KVH * G, kv_heads=KVH, head_dim=D, max_length=L_max, dtype=dtype,
-                          samples=64, budget="global", block_n=block_n, tiles_per_warp=tpw,
-                          stash_l2_max_bytes=stash_l2, score_prefetch_steps=ahead, page_size=page_size)
-        assert plan.score_kernel == "mma" and plan._warp
-        plan.scores.fill(np.nan)
-        plan.run(*args, **run_kw)
-        outs.append([plan.part_s.get()[..., :2], plan.cdf.get(), plan.lse.get()]
-                    + ([plan.scores.get()] if stash_l2 == 0 else []))
-    for ahead, got in enumerate(outs[1:], 1):
-        for name, a, b in zip(("tile stats", "cdf", "lse", "stash"), outs[0], got):
-            for j, n in enumerate(lengths):
-                cut = n if name == "stash" else -(-n // block_n)
-                assert np.array_equal(a[j, ..., :cut], b[j, ..., :cut], equal_nan=True), (ahead, name, j)
 
 
 @pytest.mark.parametrize("options", [

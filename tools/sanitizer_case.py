@@ -43,12 +43,6 @@ for budget in spec.BUDGETS:
                    budget=budget, block_n=64, _kernels=KernelChoice(score_kernel="stream")).run(q, k, v, lengths)
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, sampler=sampler,
                    budget=budget, block_n=64, _kernels=KernelChoice(tile_kernel="block")).run(q, k, v, lengths)
-# santa_score_mma's K rows prefetched into the L2 ahead of its registers, within a tile and into
-# the run's next one (rows past a sequence are not prefetched), contiguous and on pages of 16 rows
-for ahead in (1, 4):
-    choice = KernelChoice(tiles_per_warp=2, score_prefetch_steps=ahead)
-    DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, block_n=64,
-               santa_min_length=0, _kernels=choice).run(q, k, v, lengths)
 # the one-pass budget: its first call (NaN hint: every row), a hint, runs of 1 and 3 tiles
 for runs in (1, 3):
     p = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, samples=40, budget="one_pass",

@@ -41,8 +41,7 @@ KERNEL_VERSIONS = ("stream", "mma")    # v2 (generic), v4 (santa_cupy.kernels); 
 # by B x KVH, kernel_choice.FINISH_MAX_GROUPS); dense "p<N>": N splits a KV group
 SANTA_KERNEL_SUFFIXES = {"block": {"tile_kernel": "block"}, "tpw1": {"tiles_per_warp": 1},
                          "warp": {"tile_kernel": "warp"}, "warpmma": {"tile_kernel": "warp_mma"},
-                         "partials": {"finish_max_groups": 0}, "atomic": {"finish_max_groups": 1 << 30},
-                         **{f"pf{n}": {"score_prefetch_steps": n} for n in range(5)}}
+                         "partials": {"finish_max_groups": 0}, "atomic": {"finish_max_groups": 1 << 30}}
 # ... and the suffixes that change the attention setting: "always" = santa at every length (no
 # dense fallback below the plan's santa_min_length); setting suffixes may follow a kernel suffix and
 # each other ("-warp-always", "-bn64-always")
