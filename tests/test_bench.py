@@ -851,3 +851,35 @@ def test_device_scripts_install_the_wheels_only_when_carried(tmp_path):
     text = (ROOT / "tools" / "gpu_check.sh").read_text()
     assert ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
             ".whl/*.whl") in text and "FLASHINFER_DISABLE_VERSION_CHECK=1" in text
+
+
+def test_fit_min_length_recovers_the_costs_it_was_given(tmp_path, capsys):
+    """tools/fit_min_length.py on a synthetic run whose crossovers follow kernels.santa_min_length
+    exactly (each batch's dense and santa lines cross there): the fit gives back the costs."""
+    import importlib.util
+    import json
+
+    from santa_cupy import kernels
+    spec_ = importlib.util.spec_from_file_location("fit_min_length", ROOT / "tools" / "fit_min_length.py")
+    fit = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(fit)
+    costs = {256: (7.5e-6, 2.5e-6), 2048: (12.0e-6, 9.0e-6)}
+    rows = []
+    for B in (1, 4, 16):
+        for method, S in fit.SAMPLES.items():
+            fixed, per_seq = costs[S]
+            n = (fixed + B * per_seq) * 4.8e12 / (B * 8 * 128 * 2)
+            for L in (2048, 8192, 32768, 131072):
+                dense = 10.0 + B * L * 1e-3
+                rows += [{"shape": "llama8b", "B": B, "L": L, "method": "dense", "us": dense},
+                         {"shape": "llama8b", "B": B, "L": L, "method": method, "us": dense - B * 4e-4 * (L - n)}]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert fit.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "S=256: fixed 7.50 us + 2.50 us a sequence" in out
+    assert "S=2048: fixed 12.00 us + 9.00 us a sequence" in out
+    assert f"SANTA_FIXED_COST_PER_SAMPLE_S = {(12.0 - 7.5) / 1792 * 1e3:.1f}e-9" in out
+    assert fit.crossover([1, 2, 3], [5, 5, 5], [4, 4, 4]) is None
+    assert fit.crossover([1, 2], [5, 5], [6, 6]) == float("inf")
+    assert kernels.SANTA_COST_SAMPLES == 256
