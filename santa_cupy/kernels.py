@@ -422,17 +422,19 @@ def launch(kernel, grid, args, shared_mem: int = 0, threads: int = THREADS, prog
 # length), and saves about a
 # V row per row at the streaming rate. Santa pays from
 #   n >= (SANTA_FIXED_COST_S + B * SANTA_PER_SEQUENCE_COST_S) * bandwidth / (B * KVH * D * itemsize),
-# the costs in peak-bandwidth seconds. Fitted to the crossovers of one bench run (H200, llama8b bf16,
-# 9603329, santa at every length against dense at B = 1, 4, 16 x 8k, 16k, 32k, 64k, 128k, linear
-# between the measured lengths; docs/results/h200_9603329): at S = 256, 28.7k tokens at B = 1 and
-# 10.2k at B = 4 (exact: 10.2 us + 1.7 us a sequence; B = 16 then 5.6k, santa measured faster from
-# 8k); at S = 2048 (the fixed budget) 48.5k, 27.7k and 26.4k at B = 1, 4, 16 (least squares: 7.2 us
-# + 10.5 us a sequence). Both costs linear in S through the two fits:
+# the costs in peak-bandwidth seconds. Fitted by tools/fit_min_length.py to the crossovers of one
+# bench run (H100 at 3.35 TB/s, llama8b bf16, 8750e5c, santa at every length against dense at
+# B = 1, 4, 16 x 4k-128k, linear between the measured lengths; docs/results/h100_8750e5c): at
+# S = 256 15.8k tokens at B = 1 and 5.9k at B = 4 (8.2 us + 1.7 us a sequence; B = 16 then 3.6k,
+# santa measured faster from 4k); at S = 2048 (the fixed budget) 27.8k, 15.0k and 13.6k (least
+# squares: 7.7 us + 8.0 us a sequence). On the H200 the model gives 23-24k / 9k / 5k at S = 256;
+# its measured 1ee9110 / 280c700 times put the B = 1 crossover near 24k. Both costs linear in S
+# through the two fits:
 SANTA_COST_SAMPLES = 256            # the S of SANTA_FIXED_COST_S and SANTA_PER_SEQUENCE_COST_S
-SANTA_FIXED_COST_S = 10.2e-6
+SANTA_FIXED_COST_S = 8.2e-6
 SANTA_PER_SEQUENCE_COST_S = 1.7e-6
-SANTA_FIXED_COST_PER_SAMPLE_S = -1.7e-9
-SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = 4.9e-9
+SANTA_FIXED_COST_PER_SAMPLE_S = -0.3e-9
+SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = 3.5e-9
 DEFAULT_BANDWIDTH = 4.8e12          # bytes/s (H200) where the device does not report its memory
 
 
