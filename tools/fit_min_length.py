@@ -1,6 +1,6 @@
 """Fit santa_min_length's costs (santa_cupy/kernels.py) to the crossovers of a bench run.
 
-    python3 tools/fit_min_length.py run.json [more.json ...] [--bandwidth 4.8e12]
+    PYTHONPATH=. python3 tools/fit_min_length.py run.json [more.json ...] [--bandwidth 4.8e12]
 
 Reads `bench kernels --json` files holding our `dense` and SANTA at every length
 (`santa-global-systematic-256-always`, `santa-fixed-systematic-2048-always`) at several lengths
@@ -22,8 +22,12 @@ from collections import defaultdict
 
 import numpy as np
 
-SAMPLES = {"santa-global-systematic-256-always": 256, "santa-fixed-systematic-2048-always": 2048}
-SHAPES = {"llama8b": (8, 128, 2)}          # KVH, D, itemsize (bf16) of the shapes this fits
+from santa_cupy import kernels
+from santa_cupy.cli.bench.methods import ITEMSIZE, SHAPES
+
+FIXED_S = 2048                             # the fixed budget's default S: the second fit
+SAMPLES = {f"santa-global-systematic-{kernels.SANTA_COST_SAMPLES}-always": kernels.SANTA_COST_SAMPLES,
+           f"santa-fixed-systematic-{FIXED_S}-always": FIXED_S}
 
 
 def crossover(lengths, dense_us, santa_us):
@@ -42,7 +46,8 @@ def crossover(lengths, dense_us, santa_us):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", nargs="+")
-    ap.add_argument("--bandwidth", type=float, default=4.8e12, help="peak DRAM bytes/s of the card (H200: 4.8e12)")
+    ap.add_argument("--bandwidth", type=float, default=kernels.DEFAULT_BANDWIDTH,
+                    help="peak DRAM bytes/s of the card that ran the bench (kernels.device_bandwidth)")
     args = ap.parse_args(argv)
     times = defaultdict(dict)                 # (shape, B, method) -> {L: us}
     for path in args.json:
@@ -58,11 +63,12 @@ def main(argv=None):
             dense = times[(shape, B, "dense")]
             lengths = sorted(set(santa) & set(dense))
             n = crossover(lengths, [dense[L] for L in lengths], [santa[L] for L in lengths])
-            kvh, d, itemsize = SHAPES[shape]
+            shape_ = SHAPES[shape]
+            row_bytes = shape_.kv_heads * shape_.head_dim * ITEMSIZE[shape_.dtype]
             shown = "below %d" % lengths[0] if n is None else "never" if n == float("inf") else "%.1fk" % (n / 1024)
             print(f"S={S} B={B} ({shape}): crossover {shown}  lengths {[L // 1024 for L in lengths]}k")
             if n is not None and n != float("inf"):
-                points.append((B, n * B * kvh * d * itemsize / args.bandwidth))
+                points.append((B, n * B * row_bytes / args.bandwidth))
         if len(points) >= 2:
             A = np.array([[1.0, B] for B, _ in points])
             fixed, per_seq = np.linalg.lstsq(A, np.array([c for _, c in points]), rcond=None)[0]
@@ -71,13 +77,14 @@ def main(argv=None):
             print(f"S={S}: fixed {fixed * 1e6:.2f} us + {per_seq * 1e6:.2f} us a sequence")
         else:
             print(f"S={S}: fewer than two crossovers inside the measured lengths, no fit")
-    if 256 in fits and 2048 in fits:
-        (f0, p0), (f1, p1) = fits[256], fits[2048]
+    S0 = kernels.SANTA_COST_SAMPLES
+    if S0 in fits and FIXED_S in fits:
+        (f0, p0), (f1, p1) = fits[S0], fits[FIXED_S]
         print("\nkernels.py:")
         print(f"SANTA_FIXED_COST_S = {f0 * 1e6:.1f}e-6")
         print(f"SANTA_PER_SEQUENCE_COST_S = {p0 * 1e6:.1f}e-6")
-        print(f"SANTA_FIXED_COST_PER_SAMPLE_S = {(f1 - f0) / 1792 * 1e9:.1f}e-9")
-        print(f"SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = {(p1 - p0) / 1792 * 1e9:.1f}e-9")
+        print(f"SANTA_FIXED_COST_PER_SAMPLE_S = {(f1 - f0) / (FIXED_S - S0) * 1e9:.1f}e-9")
+        print(f"SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = {(p1 - p0) / (FIXED_S - S0) * 1e9:.1f}e-9")
     return 0
 
 
