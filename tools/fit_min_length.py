@@ -25,7 +25,7 @@ import numpy as np
 from santa_cupy import kernels
 from santa_cupy.cli.bench.methods import ITEMSIZE, SHAPES
 
-FIXED_S = 2048                             # the fixed budget's default S: the second fit
+FIXED_S = 2048                             # S of the bench's fixed-budget rows: the second fit
 SAMPLES = {f"santa-global-systematic-{kernels.SANTA_COST_SAMPLES}-always": kernels.SANTA_COST_SAMPLES,
            f"santa-fixed-systematic-{FIXED_S}-always": FIXED_S}
 
@@ -63,8 +63,8 @@ def main(argv=None):
             dense = times[(shape, B, "dense")]
             lengths = sorted(set(santa) & set(dense))
             n = crossover(lengths, [dense[L] for L in lengths], [santa[L] for L in lengths])
-            shape_ = SHAPES[shape]
-            row_bytes = shape_.kv_heads * shape_.head_dim * ITEMSIZE[shape_.dtype]
+            cfg = SHAPES[shape]
+            row_bytes = cfg.kv_heads * cfg.head_dim * ITEMSIZE[cfg.dtype]
             shown = "below %d" % lengths[0] if n is None else "never" if n == float("inf") else "%.1fk" % (n / 1024)
             print(f"S={S} B={B} ({shape}): crossover {shown}  lengths {[L // 1024 for L in lengths]}k")
             if n is not None and n != float("inf"):
