@@ -33,8 +33,9 @@ TILE_KERNELS = ("auto", "block", "warp", "warp_mma")
 # 32k 15.0 -> 15.6 us, 128k 33.7 -> 34.3), so the plan keeps the cap at 32.
 DENSE_SELF_MERGE_MAX_SPLITS = 32
 MMA_MIN_ROWS = 16            # "auto" gathers on tensor cores from this many expected rows per tile
-# "auto", budget fixed: the one fused pass (santa_tile: 2 launches, not 4) up to this much K + V;
-# H200: fused faster at 25-34 MB, two-pass faster from 101 MB
+# "auto", budget fixed, santa at every length (santa_min_length 0 or 1; resolve): the one fused
+# pass (santa_tile: 2 launches, not 4) up to this much K + V; H200: fused faster at 25-34 MB,
+# two-pass faster from 101 MB
 FUSED_FIXED_MAX_KV_BYTES = 64 << 20
 # santa_tile_warp's two finishes (kFinish), both by the last block of each (sequence, KV head): the
 # blocks add their sums into accumulators (atomics) up to this many groups, each with many blocks,
@@ -66,13 +67,15 @@ class KernelChoice:
         warp per run of tiles: systematic sampler, G <= 8, every budget; rows staged through shared
         memory, a light tile's rows in flight while the next tile's counts run) | "warp_mma"
         (staged, then added on tensor cores); "auto": a warp kernel where it applies (not for the
-        fixed budget on a small cache), on tensor cores where a tile is expected to select many rows.
+        fixed budget on a small cache at every length), on tensor cores where a tile is expected
+        to select many rows.
     tiles_per_warp: None (fitted to the occupancy) or the run length of the one-warp-per-run
         kernels (score pass, warp pass 2, one pass), and of the one-block-per-run santa_score_keys
         (block key sampling's score pass).
     dense_splits: None (whole waves of resident blocks) or the dense kernel's splits a KV group.
     self_merge_max_splits: the dense kernel merges in its last block up to this many splits.
-    fused_fixed_max_kv_bytes: "auto", budget fixed: the one fused pass up to this much K + V.
+    fused_fixed_max_kv_bytes: "auto", budget fixed, santa_min_length 0 or 1: the one fused pass up
+        to this much K + V.
     mma_min_rows: "auto" gathers on tensor cores from this many expected rows per tile.
     finish_max_groups: the warp pass 2 finishes through atomics up to this many (sequence, KV head)
         groups, above by block partials.
@@ -183,7 +186,14 @@ def resolve(choice: KernelChoice, setting, *, batch, kv_heads, group, head_dim, 
         return ResolvedKernels(dense, score, "one_pass")
     rows = kernels.expected_rows_per_tile(group, setting.samples, block_n, max_length)
     kv_bytes = 2 * batch * max_length * kv_heads * head_dim * kernels.ITEMSIZE[dtype]
+    # The fused fixed pass has no dense fallback: "auto" takes it only for a plan that runs santa at
+    # every length. Under santa_min_length "auto" its caches (<= 64 MB of K + V: batch 1 up to 16k
+    # tokens of the 8B shape) lie below the fixed budget's crossover, where the warp pipeline's
+    # fallback runs them exact (H100: fused 31.4 / 32.2 / 37.8 us against dense 14.4 / 20.0 / 30.7
+    # at batch 1, 4k / 8k / 16k, S = 2048).
+    every_length = setting.santa_min_length in (0, 1) or setting.key_sampled    # (key sampling: no fallback)
     tile = resolve_tile_kernel(choice.tile_kernel, setting.sampler, group, rows, setting.budget, kv_bytes,
-                               score == "mma", fused_fixed_max_kv_bytes=choice.fused_fixed_max_kv_bytes,
+                               score == "mma",
+                               fused_fixed_max_kv_bytes=choice.fused_fixed_max_kv_bytes if every_length else -1,
                                mma_min_rows=choice.mma_min_rows)
     return ResolvedKernels(dense, score, tile)

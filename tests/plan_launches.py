@@ -27,7 +27,8 @@ GRID = [
     ("santa-always", L3, dict(santa_min_length=0), {}, None),
     ("santa-min1000", L3, dict(santa_min_length=1000), {}, None),
     ("santa-lr", L3, dict(budget="largest_remainder", santa_min_length=0), {}, None),
-    ("santa-fixed-small", L3, dict(budget="fixed"), {}, None),
+    ("santa-fixed-small", L3, dict(budget="fixed", santa_min_length=0), {}, None),
+    ("santa-fixed-small-auto", L3, dict(budget="fixed"), {}, None),      # below its crossover: exact
     ("santa-fixed-big", dict(S, max_length=70000), dict(budget="fixed", santa_min_length=0), {}, None),
     ("santa-fixed-warp", L3, dict(budget="fixed", santa_min_length=0), dict(tile_kernel="warp", tiles_per_warp=5),
      None),

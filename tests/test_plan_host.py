@@ -260,12 +260,16 @@ def test_tile_kernel_choice(launches):
     kw = dict(batch=2, kv_heads=2, head_dim=128, max_length=30000)
     assert make_plan(heads=8, **kw).tile_kernel == "warp"                  # 4.4 expected rows per tile
     assert make_plan(heads=8, sampler="iid", **kw).tile_kernel == "block"
-    # the fixed budget: two-pass through the stash above 64 MB of K + V, one fused pass below
+    # the fixed budget: two-pass through the stash above 64 MB of K + V, one fused pass below where
+    # the plan runs santa at every length (the fused pass has no dense fallback)
     big = dict(kw, batch=3)                                                  # 3 * 30000 * 2 * 128 * 2 * 2 = 92 MB
     fixed = make_plan(heads=8, budget="fixed", **big)
     assert (fixed.tile_kernel, fixed.two_pass) == ("warp", True)
-    small = make_plan(heads=8, budget="fixed", **kw)                        # 61 MB
+    small = make_plan(heads=8, budget="fixed", santa_min_length=0, **kw)    # 61 MB
     assert (small.tile_kernel, small.two_pass) == ("block", False)
+    for min_length in ("auto", 5000):                                       # the warp pipeline and its fallback
+        small = make_plan(heads=8, budget="fixed", santa_min_length=min_length, **kw)
+        assert (small.tile_kernel, small.two_pass) == ("warp", True) and small._dense_plan is not None
     assert make_plan(heads=8, budget="fixed", tile_kernel="warp", **kw).two_pass
     # on tensor cores where a tile is expected to select >= 16 rows (fp16/bf16 at D 64/128):
     # G * S * BN / L_max = 4 * 938 * 128 / 30000 = 16.008 rows
@@ -430,6 +434,23 @@ def test_fixed_warp_launch(launches):
     assert int(args[params["santa_tile_warp"].index("budget")]) == kernels.BUDGET_CODE["fixed"]
     _, pargs = by_name["santa_prefix"]
     assert int(pargs[params["santa_prefix"].index("budget_lr")]) == 0
+
+
+def test_fixed_budget_default_runs_exact_below_its_crossover(launches):
+    """santa_min_length "auto" on a cache small enough for the fused fixed pass: the warp pipeline,
+    whose dense fallback takes every sequence when none can reach santa_from (S = 2048: tens of
+    thousands of tokens), so the plan launches the exact kernel alone; santa at every length keeps
+    the fused pass."""
+    q, k, v, lengths = _inputs(L=3000)
+    kw = dict(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="fixed", samples=2048)
+    plan = make_plan(**kw)
+    assert plan.santa_from > plan.L_max
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["decode_dense_mma"]
+    assert plan.info().dense_fallback.tolist() == [True, True]
+    launches.clear()
+    make_plan(**kw, santa_min_length=0).run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == ["santa_tile", "santa_merge"]
 
 
 def test_launch_structs_match_the_driver_abi():

@@ -190,9 +190,9 @@ def test_kernel_choice_thresholds_steer_the_plan(launches):
     assert not partials.atomic_finish and names(partials)[-1] == "santa_tile_warp"   # block partials, no merge
     assert santa.tile_kernel == "warp_mma"                                      # 44 rows a tile
     assert DecodePlan(**kw, _kernels=KernelChoice(mma_min_rows=1e9)).tile_kernel == "warp"
-    assert DecodePlan(**kw, budget="fixed").tile_kernel == "block"             # 6 MB: the fused pass
-    assert DecodePlan(**kw, budget="fixed", _kernels=KernelChoice(fused_fixed_max_kv_bytes=0)).tile_kernel \
-        == "warp_mma"
+    every = dict(kw, budget="fixed", santa_min_length=0)
+    assert DecodePlan(**every).tile_kernel == "block"                          # 6 MB: the fused pass
+    assert DecodePlan(**every, _kernels=KernelChoice(fused_fixed_max_kv_bytes=0)).tile_kernel == "warp_mma"
     assert DecodePlan(**kw, _kernels=KernelChoice(programmatic=False))._programmatic is False
     assert santa._programmatic is None                                          # the process switch decides
     assert santa._merge_fn is santa.kernels.merge_wide                          # 16 blocks <= 132 SMs
