@@ -74,6 +74,7 @@ template <typename T> struct Chunk {
 // and at once lets pass 2 in) call it at their end: with it first, pass 2's whole grid sat resident
 // through the score pass, and SANTA under PDL took 57.8 us instead of 42.7 plain at B=1 32k (H200,
 // llama8b; 115 vs 101 at B=1 128k, 120 vs 105 at B=4 32k, B=16 unchanged); at the end, 41.8.
+// santa_tile_warp calls it first only where a santa plan's dense fallback follows it (cuda/santa_tile.cu).
 // Reads that may come before the wait in santa_prefix, santa_tile_warp and a santa plan's dense
 // fallback (which runs after pass 2): the call's lengths and step, which no kernel of the pipeline
 // writes. Their writers came before the score pass in the stream, and the score pass triggers
