@@ -449,7 +449,7 @@ santa_tile_warp(const T* __restrict__ v_cache, const int* __restrict__ lengths, 
     // blocks are light and wait); else it launches at this grid's completion. The next call's
     // score pass let in at once cost 2-4 us at B=1 (H100, B=1 24k 38.2 against 34.1 us at every
     // length; the fallback's plans 34.4 against 40.1 with no trigger: docs/results/
-    // h100_414a6d9_back_to_back).
+    // h100_7e71466_pass2_trigger).
     if (santa_from > 1) pdl_launch_dependents();
     static_assert(G <= 8, "warp tile: G <= 8 (register counts)");
     constexpr int E = D / 32;                // elements of a V row per lane
