@@ -144,16 +144,18 @@ def resolve_kernel_choice(what, choice, dtype_name, head_dim) -> str:
 
 
 def resolve_tile_kernel(choice, sampler, group, rows_per_tile=0.0, budget="global", kv_bytes=0,
-                        mma_ok=False, *, fused_fixed_max_kv_bytes=FUSED_FIXED_MAX_KV_BYTES,
+                        mma_ok=False, *, every_length=True, fused_fixed_max_kv_bytes=FUSED_FIXED_MAX_KV_BYTES,
                         mma_min_rows=MMA_MIN_ROWS) -> str:
     """"auto" -> "block" where santa_tile_warp does not apply or for the fixed budget on a small
-    cache (kv_bytes <= fused_fixed_max_kv_bytes: its one fused pass has fewer launches); else by
-    the rows a tile is expected to select: "warp_mma" from mma_min_rows, "warp" below.
+    cache at every length (every_length: the plan samples every sequence; kv_bytes <=
+    fused_fixed_max_kv_bytes: its one fused pass has fewer launches, but no dense fallback); else
+    by the rows a tile is expected to select: "warp_mma" from mma_min_rows, "warp" below.
     santa_tile_warp follows the tensor-core score pass (mma_ok: that pass runs). An explicit warp
     choice must apply."""
     ok = kernels.warp_tile_supported(sampler, group) and mma_ok
+    fused_fixed = budget == "fixed" and every_length and kv_bytes <= fused_fixed_max_kv_bytes
     if choice == "auto":
-        if not ok or (budget == "fixed" and kv_bytes <= fused_fixed_max_kv_bytes):
+        if not ok or fused_fixed:
             return "block"
         if mma_ok and rows_per_tile >= mma_min_rows:
             return "warp_mma"
@@ -190,10 +192,9 @@ def resolve(choice: KernelChoice, setting, *, batch, kv_heads, group, head_dim, 
     # every length. Under santa_min_length "auto" its caches (<= 64 MB of K + V: batch 1 up to 16k
     # tokens of the 8B shape) lie below the fixed budget's crossover, where the warp pipeline's
     # fallback runs them exact (H100: fused 31.4 / 32.2 / 37.8 us against dense 14.4 / 20.0 / 30.7
-    # at batch 1, 4k / 8k / 16k, S = 2048).
-    every_length = setting.santa_min_length in (0, 1) or setting.key_sampled    # (key sampling: no fallback)
+    # at batch 1, 4k / 8k / 16k, S = 2048). Key sampling has no fallback: it samples every length.
     tile = resolve_tile_kernel(choice.tile_kernel, setting.sampler, group, rows, setting.budget, kv_bytes,
-                               score == "mma",
-                               fused_fixed_max_kv_bytes=choice.fused_fixed_max_kv_bytes if every_length else -1,
+                               score == "mma", every_length=setting.santa_min_length in (0, 1) or setting.key_sampled,
+                               fused_fixed_max_kv_bytes=choice.fused_fixed_max_kv_bytes,
                                mma_min_rows=choice.mma_min_rows)
     return ResolvedKernels(dense, score, tile)
