@@ -36,13 +36,8 @@ class _PlanLaunches:
         q, k_cache, v_cache, lengths = interop.as_arrays(q, k_cache, v_cache, lengths)
         pages = self._page_args(block_table, k_cache)
         lengths = self._int32_lengths(lengths)
-        if self.method == "dense":
-            split = lambda: self._dense(q, k_cache, v_cache, lengths, self.out, pages)   # noqa: E731
-            if self.dense_merges_itself:
-                return {f"dense split-KV + merge ({self.dense_kernel})": split}
-            return {f"dense split-KV ({self.dense_kernel})": split,
-                    "merge": lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.part_rows,
-                                                 split_target=self.split_target)}
+        if self.method == "dense" or self.exact_throughout:
+            return self._exact_stages(q, k_cache, v_cache, lengths, pages)
         stages = {}
         if self.one_pass:
             stages["one pass (score + sample + gather)"] = lambda: self._one_pass(q, k_cache, v_cache, lengths, layer,
@@ -50,11 +45,10 @@ class _PlanLaunches:
             stages["merge"] = lambda: self._merge(lengths, self.out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
             return stages
         if self._warp:
-            if self.santa_from <= self.L_max:
-                stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
-                stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
-                stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer,
-                                                                                    self.out, pages)
+            stages["score"] = lambda: self._score(q, k_cache, lengths, pages, self.santa_from, layer)
+            stages["prefix"] = lambda: self._prefix(lengths, santa_from=self.santa_from)
+            stages["sample + gather + finish (warp)"] = lambda: self._tile_warp(v_cache, lengths, layer,
+                                                                                self.out, pages)
             if self._dense_plan is not None:
                 stages["dense (sequences shorter than santa_from)"] = lambda: self._dense_plan._dense(
                     q, k_cache, v_cache, lengths, self.out, pages)
@@ -65,6 +59,23 @@ class _PlanLaunches:
             q, k_cache, v_cache, lengths, layer, "fused", self._no_counts, pages)
         stages["merge"] = lambda: self._merge(lengths, self.out, self._merge_kind, self.block_n)
         return stages
+
+    def _exact_stages(self, q, k_cache, v_cache, lengths, pages):
+        """stage_launchers of a dense plan, or of a santa plan that runs exact throughout (its
+        dense sub-plan's kernels into this plan's outputs)."""
+        plan = self if self.method == "dense" else self._dense_plan
+        split = lambda: plan._dense(q, k_cache, v_cache, lengths, self.out, pages)   # noqa: E731
+        if plan.dense_merges_itself:
+            return {f"dense split-KV + merge ({plan.dense_kernel})": split}
+        return {f"dense split-KV ({plan.dense_kernel})": split,
+                "merge": lambda: plan._merge(lengths, self.out, kernels.MERGE_DENSE, plan.part_rows,
+                                             split_target=plan.split_target)}
+
+    def _exact(self, q, k_cache, v_cache, lengths, out, pages):
+        """A dense plan's run: the split-KV kernel, then santa_merge where it does not merge itself."""
+        self._dense(q, k_cache, v_cache, lengths, out, pages)
+        if not self.dense_merges_itself:
+            self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows, split_target=self.split_target)
 
     def _dense(self, q, k_cache, v_cache, lengths, out, pages):
         """The split-KV kernel; v4 also merges (its last block per KV group), given the counters.

@@ -4,7 +4,7 @@ santa_cupy.plan.DecodePlan; its attributes are the plan's)."""
 
 from __future__ import annotations
 
-from santa_cupy import kernels, spec
+from santa_cupy import kernels
 
 
 class _PlanSizing:
@@ -12,27 +12,34 @@ class _PlanSizing:
         """The length from which a sequence runs santa (shorter ones run dense): "auto" derives it
         from the shape and the device (kernels.santa_min_length), an integer >= 0 sets it (0 or 1:
         santa for every sequence, e.g. to study the estimator at short lengths). Only the two-launch
-        pipeline (warp pass 2) without key sampling mixes the two per sequence; other santa plans run
-        santa throughout."""
-        key_sampled = self.setting.key_sampled    # a blocked K: the dense fallback would read a standard one
-        if santa_min_length == "auto":
-            if not self._warp or key_sampled:
-                return 0
+        pipeline (warp pass 2) without key sampling mixes the two per sequence; the other santa
+        plans run dense throughout where max_length < santa_from (the crossover under "auto"), and
+        santa throughout otherwise (an explicit 1 < santa_min_length <= max_length: ValueError)."""
+        mixes = self._warp and not self.setting.key_sampled   # a blocked K: no per-sequence fallback
+        if not self._can_run_dense():
+            mixes, crossover = False, 0
+        elif santa_min_length == "auto":
             import cupy
-            return kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
-                                            kernels.device_bandwidth(cupy.cuda.Device().attributes),
-                                            self.samples)
-        if santa_min_length > 1 and self.one_pass:
-            raise ValueError(f"santa_min_length={santa_min_length}: budget {spec.ONE_PASS!r} has no dense fallback "
-                             "(use 'auto', 0 or 1)")
-        if santa_min_length > 1 and key_sampled:
-            raise ValueError(f"santa_min_length={santa_min_length}: key sampling has no dense fallback (its K is "
-                             "blocked; use 'auto', 0 or 1)")
-        if santa_min_length > 1 and not self._warp:
-            raise ValueError(f"santa_min_length={santa_min_length} needs the two-launch santa pipeline (systematic "
-                             f"sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim 64/128), "
-                             f"got tile_kernel={self.tile_kernel!r}")
-        return int(santa_min_length)
+            crossover = kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],
+                                                 kernels.device_bandwidth(cupy.cuda.Device().attributes),
+                                                 self.samples)
+        else:
+            crossover = int(santa_min_length)
+        if mixes or crossover > self.L_max:
+            return crossover
+        if santa_min_length == "auto" or crossover <= 1:
+            return 0
+        raise ValueError(f"santa_min_length={santa_min_length}: this plan runs santa or dense for the whole batch "
+                         f"(only the two-launch santa pipeline without key sampling mixes them per sequence: "
+                         f"systematic sampler, heads // kv_heads <= {kernels.WARP_TILE_MAX_G}, fp16/bf16 at head_dim "
+                         f"64/128; got tile_kernel={self.tile_kernel!r}, budget={self.budget!r}, key_sampling="
+                         f"{self.setting.key_sampling!r}): use 'auto', 0, 1 or a length above max_length="
+                         f"{self.L_max}")
+
+    def _can_run_dense(self):
+        """Whether a dense kernel reads this plan's K: any standard K; a blocked one (key sampling)
+        on the tensor-core kernel only (key_pass.check_dense_blocked)."""
+        return not self.key_block or kernels.mma_supported(self.dtype, self.D)
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""

@@ -263,23 +263,28 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self._no_table = cupy.zeros((1,), cupy.int32)      # a contiguous plan's block_table argument
         # Never slower than exact: sequences shorter than santa_from run the dense kernel (a dense
         # sub-plan sharing this plan's outputs), the santa kernels skip them; a dense plan's
-        # kernel takes every sequence.
+        # kernel takes every sequence. Where none can reach santa_from (L_max < santa_from) the
+        # plan runs as that dense plan, merge included (``exact_throughout``).
         self.santa_from = _INT32_MAX if method == "dense" else self._santa_from(setting.santa_min_length)
+        self.exact_throughout = method == "santa" and self.santa_from > max_length
         self._dense_plan = None
         if method == "santa" and self.santa_from > 1:
-            # the fallback's kernels are its own automatic ones (the thresholds and launch mode are this plan's)
+            # the fallback's kernels are its own automatic ones (the thresholds and launch mode are
+            # this plan's), on this plan's K layout
             fallback = dataclasses.replace(choice, dense_kernel="auto", score_kernel="auto", tile_kernel="auto",
                                            tiles_per_warp=None, dense_splits=None, merge_wide=None)
+            dense = AttentionSetting(method="dense", key_block=self.key_block) if self.key_block \
+                else AttentionSetting(method="dense")
             self._dense_plan = DecodePlan(
                 batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_length=max_length, dtype=dtype,
-                setting=AttentionSetting(method="dense"), scale=self.scale, _kernels=fallback,
+                setting=dense, scale=self.scale, key_layout=self.key_layout, _kernels=fallback,
                 _dense_rows=min(max_length, self.santa_from - 1))
-            # its kernel runs after pass 2 and reads lengths before its PDL wait (common.cuh,
-            # dense_fallback_wait), except where it runs alone: then it is a dense plan's kernel
-            self._dense_plan.santa_from = self.santa_from if self.santa_from <= max_length else _INT32_MAX
+            # a fallback (some sequences reach santa_from) runs after pass 2, reads lengths before
+            # its PDL wait (common.cuh, dense_fallback_wait) and merges in its last block (its
+            # splits capped: _dense_splits); exact throughout, it is a dense plan's kernel
+            self._dense_plan.santa_from = _INT32_MAX if self.exact_throughout else self.santa_from
             self._dense_plan.out, self._dense_plan.lse = self.out, self.lse
             self._dense_plan.spread, self._dense_plan.rows_read = self.spread, self.rows_read
-
 
     @interop.accepts_stream
     def run(self, q, k_cache, v_cache, lengths, *, layer=0, out=None, validate=True, lse_hint=None,
@@ -325,21 +330,22 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self._last_lengths = lengths
         out = self._output(out)
         if self.method == "dense":
-            self._dense(q, k_cache, v_cache, lengths, out, pages)
-            if not self.dense_merges_itself:
-                self._merge(lengths, out, kernels.MERGE_DENSE, self.part_rows, split_target=self.split_target)
+            self._exact(q, k_cache, v_cache, lengths, out, pages)
+            return out
+        hint = self._lse_hint(lse_hint) if self.one_pass else None
+        if lse_hint is not None and not self.one_pass:
+            raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
+        if self.exact_throughout:            # every sequence is shorter than santa_from
+            self._dense_plan._exact(q, k_cache, v_cache, lengths, out, pages)
             return out
         if self.one_pass:
-            self._one_pass(q, k_cache, v_cache, lengths, layer, self._lse_hint(lse_hint), pages)
+            self._one_pass(q, k_cache, v_cache, lengths, layer, hint, pages)
             self._merge(lengths, out, kernels.MERGE_DENSE, self.one_tpw * self.block_n)
             return out
-        if lse_hint is not None:
-            raise ValueError(f"lse_hint is for budget {spec.ONE_PASS!r}, this plan's is {self.budget!r}")
         if self._warp:                       # score, prefix, sample + gather + finish, then the short sequences
-            if self.santa_from <= self.L_max:
-                self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
-                self._tile_warp(v_cache, lengths, layer, out, pages)
-            if self._dense_plan is not None:   # (all of them when L_max < santa_from)
+            self._score_and_prefix(q, k_cache, lengths, pages, santa_from=self.santa_from, layer=layer)
+            self._tile_warp(v_cache, lengths, layer, out, pages)
+            if self._dense_plan is not None:
                 self._dense_plan._dense(q, k_cache, v_cache, lengths, out, pages)
             return out
         self.rows_read.fill(0)
@@ -431,11 +437,17 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         [B, H] int32 or None), overwritten by the next run; counts is None (``sample_counts``);
         key_fraction [B, KVH] float32 with key sampling (a new array: the fraction of each K row's
         blocks the last run read), else None."""
-        if self.method == "dense":
+        if self.method == "dense" or self.exact_throughout:
             import cupy
             rows = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.KVH))
+            if self.method == "dense":
+                return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
+                                     dense_fallback=cupy.ones((self.B,), bool))
+            # exact throughout: every row of every head, all of K
+            drawn = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.H)) if self.one_pass else self.drawn
             return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
-                                 dense_fallback=cupy.ones((self.B,), bool))
+                                 dense_fallback=cupy.ones((self.B,), bool), samples_drawn=drawn,
+                                 key_fraction=None if self.key_pass is None else cupy.ones((self.B, self.KVH), cupy.float32))
         return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
                              dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn,
                              key_fraction=None if self.key_pass is None else self.key_pass.key_fraction())

@@ -5,7 +5,8 @@
 * NaN (or inf) in q or K: that sequence's output is NaN, the other sequences are untouched;
 * the two-launch santa pipeline leaves its workspaces as it found them: repeated runs give the same
   counts (rows_read) and outputs equal up to the order of the float additions;
-* santa_min_length: shorter sequences get the exact output, longer ones santa's, in one batch.
+* santa_min_length: shorter sequences get the exact output, longer ones santa's, in one batch; a
+  plan whose cache is below the crossover gives the dense plan's output bit for bit.
 """
 
 import numpy as np
@@ -168,6 +169,46 @@ def test_short_sequences_run_dense_in_a_santa_plan():
     assert np.allclose(lse[long], santa.lse.get()[long], rtol=1e-6, atol=1e-6)
     fallback = mixed.info().dense_fallback.get()
     assert fallback.tolist() == [False, True, False, True, False, True]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(sampler="iid"), dict(budget="one_pass"), dict(heads=32),
+                                     dict(dtype="float16", budget="fixed", tile_kernel="block"),
+                                     dict(key_sampling="bernoulli_block", key_block=16, key_budget=0.5,
+                                          key_rule="qrms")],
+                         ids=["warp", "iid", "one_pass", "g16", "fixed-block", "keys"])
+def test_exact_throughout_below_the_crossover_is_the_dense_plan(options):
+    """santa_min_length "auto" on a cache below the crossover (B = 1, 2 KV heads: ~60k tokens):
+    every route, mixing per sequence or not, runs as the dense plan of its shape, bit for bit, on a
+    poisoned output; at 12k tokens the dense kernel takes ~47 splits, past the 32 it merges itself,
+    so santa_merge must follow it (a warp plan's fallback alone left o unwritten)."""
+    import cupy
+    options = dict(options)
+    heads, dtype = options.pop("heads", 8), options.pop("dtype", "bfloat16")
+    L_max = 12000
+    rng = np.random.default_rng(31)
+    q, k, v, lens = random_inputs(rng, 1, heads, 2, 128, L_max, [L_max - 5], dtype, spike=True)
+    kw = dict(batch=1, heads=heads, kv_heads=2, head_dim=128, max_length=L_max, dtype=dtype)
+    keys = "key_sampling" in options
+    dense_kw, k_in = {}, k
+    if keys:                                      # block key sampling: a blocked K, the blocked dense kernel
+        from santa_cupy import key_layout
+        kw["key_layout"], dense_kw = "blocked", dict(key_block=options["key_block"])
+        k_in = key_layout.to_blocked(k, options["key_block"])
+    qg, kg, vg, lg = to_gpu(q, k_in, v, lens)
+    dense = make_plan(method="dense", **kw, **dense_kw)
+    want = dense.run(qg, kg, vg, lg).copy()
+    plan = make_plan(samples=64, seed=3, **kw, **options)
+    assert plan.exact_throughout and plan.santa_from > L_max
+    plan.out.view(cupy.uint8).fill(0xFF)
+    plan.lse.fill(cupy.nan)
+    o = plan.run(qg, kg, vg, lg)
+    assert cupy.array_equal(o.view(cupy.uint8), want.view(cupy.uint8))
+    assert cupy.array_equal(plan.lse, dense.lse)
+    info = plan.info()
+    assert info.dense_fallback.get().tolist() == [True]
+    assert np.array_equal(info.rows_read.get(), [[L_max - 5] * 2])
+    assert (info.key_fraction is not None) == keys and (not keys or bool((info.key_fraction == 1).all()))
+    assert_dense_matches(as_float32(o), dense_error_bound(q, k, v, lens, dtype))
 
 
 def test_dense_fallback_reads_lengths_a_warp_at_a_time():

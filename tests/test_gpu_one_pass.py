@@ -32,7 +32,8 @@ def test_one_pass_matches_reference(G, D, dtype, block_n, delta):
     L_max = max(lengths) + 5
     q, k, v, lens = random_inputs(rng, len(lengths), G * KVH, KVH, D, L_max, lengths, dtype, peak=2.0)
     hint = (_exact_lse(q, k, lens) + delta).astype(np.float32)
-    kw = dict(method="santa", budget="one_pass", samples=S, seed=7, step=3, layer=2, block_n=block_n)
+    kw = dict(method="santa", budget="one_pass", samples=S, seed=7, step=3, layer=2, block_n=block_n,
+              santa_min_length=0)       # santa at every length (the default runs these exact)
     o_ref, info_ref = decode_attention(q, k, v, lens, lse_hint=hint, return_info=True, **kw)
     want, op = one_pass.one_pass_attention(q, k, v, lens, samples=S, lse_hint=hint.astype(np.float64), seed=7,
                                            step=3, layer=2, block_n=block_n)
@@ -58,7 +59,8 @@ def test_one_pass_nan_hint_is_exact_and_the_default_hint_follows_the_plan():
     B, H, KVH, D, L = 2, 8, 2, 128, 4000
     q, k, v, lens = random_inputs(rng, B, H, KVH, D, L, [4000, 2500], "bfloat16", peak=1.5)
     exact, lse = reference.dense_attention(q, k, v, lens)
-    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, budget="one_pass", samples=128)
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, budget="one_pass", samples=128,
+                      santa_min_length=0)
     args = to_gpu(q, k, v, lens)
     o = as_float32(plan.run(*args))
     assert (plan.info().samples_drawn.get() == np.array(lens)[:, None]).all(), "NaN hint: every row"
@@ -79,7 +81,7 @@ def test_one_pass_unbiased_over_steps_on_gpu(delta):
     exact, lse = reference.dense_attention(q, k, v, lens)
     hint = (lse + delta).astype(np.float32)
     plan = DecodePlan(batch=1, heads=4, kv_heads=1, head_dim=64, max_length=300, dtype="float16", samples=16,
-                      budget="one_pass", seed=99, block_n=64)
+                      budget="one_pass", seed=99, block_n=64, santa_min_length=0)
     args = to_gpu(q, k, v, lens)
     hint_g = cupy.asarray(hint)
     runs, drawn = [], []
@@ -108,7 +110,8 @@ def test_one_pass_contracts():
     lens[1] = 0
     nan = spec.from_float32(np.array([np.nan], np.float32), "bfloat16", np)[0]
     k[2, 100, 1, 3] = nan                                    # sequence 2, KV group 1
-    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, budget="one_pass", samples=64)
+    plan = DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, budget="one_pass", samples=64,
+                      santa_min_length=0)
     plan.out.view(cupy.uint8).fill(0xFF)
     hint = cupy.zeros((B, H), cupy.float32)
     o = as_float32(plan.run(*to_gpu(q, k, v, lens), lse_hint=hint))

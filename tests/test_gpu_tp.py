@@ -90,7 +90,8 @@ def test_gpu_warp_pipeline_and_one_pass_rank_invariant(KVH, tp):
     kw = dict(samples=64, seed=4, step=1, layer=2, santa_min_length=0, return_info=True)
     o_full, _ = decode_attention(*dev, **kw)
     hint = cupy.full((B, H), 3.0, cupy.float32)
-    _, op_full = decode_attention(*dev, budget="one_pass", lse_hint=hint, seed=4, return_info=True)
+    one_pass = dict(budget="one_pass", seed=4, santa_min_length=0, return_info=True)
+    _, op_full = decode_attention(*dev, lse_hint=hint, **one_pass)
     plan = shard_plan(dict(heads=H, kv_heads=KVH, head_dim=128, intermediate=8, vocab=8), tp)
     for r in range(tp):
         qr, kr, vr, h0 = _split(q, k, v, plan, r)
@@ -99,8 +100,7 @@ def test_gpu_warp_pipeline_and_one_pass_rank_invariant(KVH, tp):
         o, _ = decode_attention(*dr, head_offset=h0, **kw)
         np.testing.assert_allclose(o.get().astype(np.float32), o_full[:, hs].get().astype(np.float32),
                                    rtol=2e-3, atol=2e-3)
-        _, op = decode_attention(*dr, budget="one_pass", lse_hint=cupy.ascontiguousarray(hint[:, hs]), seed=4,
-                                 return_info=True, head_offset=h0)
+        _, op = decode_attention(*dr, lse_hint=cupy.ascontiguousarray(hint[:, hs]), head_offset=h0, **one_pass)
         assert np.array_equal(op.samples_drawn.get(), op_full.samples_drawn[:, hs].get())
 
 

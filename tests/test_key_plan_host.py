@@ -12,7 +12,7 @@ from tests import test_plan_host
 from tests.test_plan_host import FakeArray, launches  # noqa: F401  (the fixture)
 
 B, H, KVH, D, L = 2, 8, 2, 128, 300
-KEYS = "systematic/global/S=64/keys=block:FB=16,f=0.5,rule=qrms"
+KEYS = "systematic/global/S=64/min_length=0/keys=block:FB=16,f=0.5,rule=qrms"   # (min_length: santa at L = 300)
 
 
 def blocked_inputs(FB=16):
@@ -120,7 +120,7 @@ def test_gpu_refusals(launches):
     with pytest.raises(ValueError, match="tile_kernel='warp' needs"):      # the warp pass 2 follows the mma pass
         DecodePlan(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, setting=KEYS, key_layout="blocked",
                    _kernels=KernelChoice(score_kernel="stream", tile_kernel="warp"))
-    with pytest.raises(ValueError, match="key sampling has no dense fallback"):
+    with pytest.raises(ValueError, match="santa or dense for the whole batch"):    # (no per-sequence fallback)
         plan(AttentionSetting.parse(KEYS).replace(santa_min_length=100))
     with pytest.raises(ValueError, match="key_layout must be one of"):
         plan(key_layout="HND")

@@ -33,6 +33,8 @@ def _fake_cupy():
     mod.zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(FakeArray)
     mod.full = lambda shape, value, dtype=np.float32: np.full(shape, value, dtype).view(FakeArray)
     mod.asarray = lambda x: np.asarray(x).view(FakeArray)
+    mod.ones = lambda shape, dtype=np.float32: np.ones(shape, dtype).view(FakeArray)
+    mod.broadcast_to = lambda x, shape: np.broadcast_to(x, shape).view(FakeArray)
     device = types.SimpleNamespace(attributes={"MultiProcessorCount": 132})
     mod.cuda = types.SimpleNamespace(Device=lambda *a: device)
     return mod
@@ -506,17 +508,92 @@ def test_short_sequences_run_dense(launches):
     many = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, samples=2048)
     assert many.santa_from == kernels.santa_min_length(2, 2, 128, 2, 4.8e12, samples=2048) > auto.santa_from
     assert abs(kernels.device_bandwidth({"MemoryClockRate": 3_201_000, "GlobalMemoryBusWidth": 6144}) - 4.917e12) < 1e9
-    # the dense plan's kernel takes every sequence; block-route santa plans do not mix
+    # the dense plan's kernel takes every sequence
     dplan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, method="dense")
     launches.clear()
     dplan.run(q, k, v, lengths)
     assert int(launches[0][3][params["decode_dense_mma"].index("santa_from")]) == 2**31 - 1
-    assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid").santa_from == 0
-    with pytest.raises(ValueError, match="santa_min_length=500 needs the two-launch"):
-        make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, sampler="iid", santa_min_length=500)
     for bad in (-1, 2.5, "never", True):          # the setting's check: TypeError for a non-integer
         with pytest.raises((TypeError, ValueError), match="santa_min_length"):
             make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, santa_min_length=bad)
+
+
+# Santa plans without a per-sequence fallback: (shape keywords, setting keywords, the santa
+# kernels they launch at every length)
+WHOLE_BATCH_ROUTES = [
+    (dict(), dict(sampler="iid", budget="largest_remainder"), ["santa_score_mma", "santa_prefix", "santa_tile"]),
+    (dict(heads=32), dict(), ["santa_score_mma", "santa_prefix", "santa_tile"]),                  # G = 16
+    (dict(head_dim=256, dtype="float32"), dict(), ["santa_score", "santa_prefix", "santa_tile"]),
+    (dict(), dict(budget="one_pass"), ["santa_one_pass"]),
+    (dict(), dict(key_sampling="bernoulli_block", key_block=16, key_budget=0.5, key_rule="qrms"),
+     ["santa_key_blocks", "santa_score_keys_mma", "santa_prefix", "santa_tile_warp"]),
+]
+
+
+@pytest.mark.parametrize("shape, setting, santa_kernels", WHOLE_BATCH_ROUTES)
+def test_whole_batch_routes_run_exact_below_the_crossover(launches, shape, setting, santa_kernels):
+    """Never slower than exact where a plan cannot mix per sequence (block pass 2, one_pass, key
+    sampling): "auto" runs the dense plan's launches alone when max_length is below the crossover
+    (kernels.santa_min_length), santa throughout above it; an explicit santa_min_length above
+    max_length is exact throughout, one in 2..max_length a ValueError; 0 is santa at every length."""
+    kw = dict(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16")
+    kw.update(shape)
+    B, H, KVH, D, L = (kw[k] for k in ("batch", "heads", "kv_heads", "head_dim", "max_length"))
+    storage = np.float32 if kw["dtype"] == "float32" else np.uint16
+    q, k, v, lengths = _inputs(B=B, H=H, KVH=KVH, D=D, L=L, dtype=storage)
+    if "key_sampling" in setting:
+        k = key_layout.to_blocked(np.asarray(k), setting["key_block"]).view(FakeArray)
+        kw["key_layout"] = "blocked"
+    dense = make_plan(**kw, method="dense")
+    dense.run(q, k, v, lengths)
+    dense_launches = [name for name, *_ in launches]
+    launches.clear()
+    plan = make_plan(**kw, **setting)
+    assert plan.exact_throughout and plan.santa_from > L
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == dense_launches
+    info = plan.info()
+    assert info.dense_fallback.tolist() == [True] * B
+    assert info.rows_read.tolist() == [[int(n)] * KVH for n in lengths]
+    assert info.key_fraction is None if "key_sampling" not in setting else info.key_fraction.tolist() == [[1.0] * KVH] * B
+    launches.clear()
+    plan = make_plan(**kw, **setting, santa_min_length=L + 1)
+    assert plan.exact_throughout
+    plan.run(q, k, v, lengths)
+    assert [name for name, *_ in launches] == dense_launches
+    for always in (0, 1):
+        launches.clear()
+        plan = make_plan(**kw, **setting, santa_min_length=always)
+        assert not plan.exact_throughout and plan.santa_from == 0       # (1: the same)
+        plan.run(q, k, v, lengths)
+        assert [name for name, *_ in launches if name not in ("santa_merge",)] == santa_kernels
+    with pytest.raises(ValueError, match=f"santa_min_length={L}: this plan runs santa or dense for the whole batch"):
+        make_plan(**kw, **setting, santa_min_length=L)
+    # above the crossover "auto" samples every sequence, the short one too
+    long = dict(kw, batch=16, max_length=60000)
+    assert kernels.santa_min_length(16, KVH, D, kernels.ITEMSIZE[kw["dtype"]], 4.8e12) < 60000
+    plan = make_plan(**long, **setting)
+    assert plan.santa_from == 0 and not plan.exact_throughout and plan._dense_plan is None
+
+
+def test_exact_throughout_merges_many_splits(launches):
+    """A warp plan whose cache is below its crossover runs as the dense plan of its shape, merge
+    included: splits past DENSE_SELF_MERGE_MAX_SPLITS (B = 1, 16k: 61 with the stand-in's 528
+    resident blocks) are merged by santa_merge (the dense fallback alone left them unmerged)."""
+    kw = dict(batch=1, heads=32, kv_heads=8, head_dim=128, max_length=16384)
+    q, k, v, _ = _inputs(B=1, H=32, KVH=8, D=128, L=16384)
+    lengths = np.array([16384], np.int32).view(FakeArray)
+    dense = make_plan(**kw, method="dense")
+    assert dense.P_max > kernel_choice.DENSE_SELF_MERGE_MAX_SPLITS and not dense.dense_merges_itself
+    dense.run(q, k, v, lengths)
+    want = [(name, grid) for name, grid, *_ in launches]
+    launches.clear()
+    plan = make_plan(**kw)
+    assert plan.exact_throughout and plan._warp
+    plan.run(q, k, v, lengths)
+    assert [(name, grid) for name, grid, *_ in launches] == want == [
+        ("decode_dense_mma", want[0][1]), ("santa_merge", want[1][1])]
+    assert list(plan.stage_launchers(q, k, v, lengths)) == ["dense split-KV (mma)", "merge"]
 
 
 def test_stash_in_l2_by_the_stash_bytes(launches):
@@ -582,7 +659,8 @@ def test_one_pass_launches(launches):
     """budget="one_pass": santa_one_pass (its signature's arguments; the plan's lse as the default
     hint, a given one otherwise) then santa_merge over runs of one_tpw tiles, kind dense."""
     q, k, v, lengths = _inputs(L=3000)
-    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass")
+    plan = make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass",
+                     santa_min_length=0)                          # (santa at L = 3000)
     assert np.isnan(plan.lse).all()                               # the first call takes every row
     plan.run(q, k, v, lengths)
     assert [name for name, *_ in launches] == ["santa_one_pass", "santa_merge"]   # one fill (host-side here)
@@ -615,7 +693,7 @@ def test_one_pass_launches(launches):
     with pytest.raises(ValueError, match="lse_hint is for"):
         other.run(q, k, v, lengths, lse_hint=hint)
     for bad, what in ((dict(tile_kernel="warp"), "tile_kernel"), (dict(score_kernel="stream"), "score_kernel"),
-                      (dict(santa_min_length=500), "no dense fallback")):
+                      (dict(santa_min_length=500), "santa or dense for the whole batch")):
         with pytest.raises(ValueError, match=what):
             make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass", **bad)
     assert make_plan(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, budget="one_pass",
