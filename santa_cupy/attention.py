@@ -89,8 +89,9 @@ def decode_attention(q, k_cache, v_cache, lengths, setting=None, *, step=0, laye
     stratified | systematic, ``budget`` fixed | global | largest_remainder | one_pass),
     reproducibly from (seed, step, layer). On the GPU, sequences shorter than ``santa_min_length``
     run the exact kernel, where it is faster ("auto": the crossover of DecodePlan; 0: santa for
-    every sequence); the NumPy reference always runs the estimator it was asked for. NaN/inf in q
-    is a ValueError; NaN or +inf among a head's scores (NaN/inf in K within the length) makes that
+    every sequence; routes that cannot mix per sequence run exact throughout where L_max is below
+    it); the NumPy reference always runs the estimator it was asked for. NaN/inf in q is a
+    ValueError; NaN or +inf among a head's scores (NaN/inf in K within the length) makes that
     head's output NaN.
 
     Key sampling (``key_sampling`` "bernoulli" | "bernoulli_block", santa_cupy.key_sampling): the

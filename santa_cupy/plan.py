@@ -20,7 +20,10 @@ GPU pipeline per call (all on the current stream, no host sync, graph-capturable
         (pi, draws, weights per KV group) -> santa_score_keys_mma (the stash and tile stats from
         the selected K blocks only, tensor cores) -> the warp pipeline's santa_prefix ->
         santa_tile_warp where it applies, else the block pass 2 -> santa_merge; with
-        score_kernel "stream" santa_score_keys (FMA) and the block pass 2. No dense fallback.
+        score_kernel "stream" santa_score_keys (FMA) and the block pass 2.
+  santa below its crossover (max_length < santa_from, ``exact_throughout``): the dense plan of its
+        shape alone (key sampling: decode_dense_mma_blocked). Only the warp pipeline without key
+        sampling mixes santa and dense per sequence; the other santa plans run one or the other.
 
 Which kernels: santa_cupy/kernel_choice.py (derived from the shape, the setting and the device;
 overridden by bench and tests through the internal ``_kernels`` argument). The launches:

@@ -76,8 +76,9 @@ class AttentionSetting:
         Rows per tile, one of ``spec.BLOCK_NS``; None: ``spec.default_block_n(method, head_dim)``.
     santa_min_length : "auto" or int
         GPU only: sequences shorter than this run the exact kernel where it is faster; "auto" the
-        plan's crossover for the shape, the samples and the device, 0 (or 1) santa at every length. The NumPy
-        reference always runs the estimator asked for.
+        plan's crossover for the shape, the samples and the device, 0 (or 1) santa at every length.
+        Plans that cannot mix per sequence (DecodePlan) run exact throughout when their max_length
+        is below it. The NumPy reference always runs the estimator asked for.
     key_sampling : str
         Score-stage sampling (santa_cupy.key_sampling; the GPU runs "bernoulli_block" with rules
         uniform | qmax | qrms on K in key_layout="blocked", santa_cupy/key_pass.py; other GPU calls
