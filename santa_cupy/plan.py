@@ -448,9 +448,9 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
                                      dense_fallback=cupy.ones((self.B,), bool))
             # exact throughout: every row of every head, all of K
             drawn = cupy.broadcast_to(self._last_lengths[:, None], (self.B, self.H)) if self.one_pass else self.drawn
+            keys = None if self.key_pass is None else cupy.ones((self.B, self.KVH), cupy.float32)
             return AttentionInfo(lse=self.lse, rows_read=rows, spread=self.spread,
-                                 dense_fallback=cupy.ones((self.B,), bool), samples_drawn=drawn,
-                                 key_fraction=None if self.key_pass is None else cupy.ones((self.B, self.KVH), cupy.float32))
+                                 dense_fallback=cupy.ones((self.B,), bool), samples_drawn=drawn, key_fraction=keys)
         return AttentionInfo(lse=self.lse, rows_read=self.rows_read, spread=self.spread,
                              dense_fallback=self._last_lengths < self.santa_from, samples_drawn=self.drawn,
                              key_fraction=None if self.key_pass is None else self.key_pass.key_fraction())
