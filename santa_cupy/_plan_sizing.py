@@ -13,11 +13,14 @@ class _PlanSizing:
         from the shape and the device (kernels.santa_min_length), an integer >= 0 sets it (0 or 1:
         santa for every sequence, e.g. to study the estimator at short lengths). Only the two-launch
         pipeline (warp pass 2) without key sampling mixes the two per sequence; the other santa
-        plans run dense throughout where max_length < santa_from (the crossover under "auto"), and
-        santa throughout otherwise (an explicit 1 < santa_min_length <= max_length: ValueError)."""
+        plans run dense throughout where max_length < santa_from (the crossover under "auto"; the
+        block pass 2's is every length, kernels.BLOCK_PASS_MIN_LENGTH), and santa throughout
+        otherwise (an explicit 1 < santa_min_length <= max_length: ValueError)."""
         mixes = self._warp and not self.setting.key_sampled   # a blocked K: no per-sequence fallback
         if not self._can_run_dense():
             mixes, crossover = False, 0
+        elif santa_min_length == "auto" and self.tile_kernel == "block":
+            crossover = kernels.BLOCK_PASS_MIN_LENGTH     # measured slower than dense (kernels.py)
         elif santa_min_length == "auto":
             import cupy
             crossover = kernels.santa_min_length(self.B, self.KVH, self.D, kernels.ITEMSIZE[self.dtype],

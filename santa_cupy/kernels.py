@@ -436,6 +436,12 @@ SANTA_PER_SEQUENCE_COST_S = 1.7e-6
 SANTA_FIXED_COST_PER_SAMPLE_S = -0.3e-9
 SANTA_PER_SEQUENCE_COST_PER_SAMPLE_S = 3.5e-9
 DEFAULT_BANDWIDTH = 4.8e12          # bytes/s (H200) where the device does not report its memory
+# The block pass 2 (santa_tile: iid / stratified samplers, G > 8, fp32, D 256) works through every
+# tile of every sequence, so its cost grows with the length faster than the V rows it saves: on the
+# H100 (llama8b, B = 1 and 16 x 8k / 32k / 128k; docs/results/h100_129dbf0_exact_throughout) iid
+# and stratified were 0.53-0.99x dense at every point, the fused fixed pass (S = 2048) 0.60-1.01x
+# but at B = 16 128k (1.15x). "auto" runs such plans exact at every length.
+BLOCK_PASS_MIN_LENGTH = 2**31 - 1
 
 
 def device_bandwidth(device_attributes) -> float:

@@ -534,7 +534,7 @@ WHOLE_BATCH_ROUTES = [
 def test_whole_batch_routes_run_exact_below_the_crossover(launches, shape, setting, santa_kernels):
     """Never slower than exact where a plan cannot mix per sequence (block pass 2, one_pass, key
     sampling): "auto" runs the dense plan's launches alone when max_length is below the crossover
-    (kernels.santa_min_length), santa throughout above it; an explicit santa_min_length above
+    (kernels.santa_min_length; the block pass 2 at every length), santa throughout above it; an explicit santa_min_length above
     max_length is exact throughout, one in 2..max_length a ValueError; 0 is santa at every length."""
     kw = dict(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16")
     kw.update(shape)
@@ -570,11 +570,15 @@ def test_whole_batch_routes_run_exact_below_the_crossover(launches, shape, setti
         assert [name for name, *_ in launches if name not in ("santa_merge",)] == santa_kernels
     with pytest.raises(ValueError, match=f"santa_min_length={L}: this plan runs santa or dense for the whole batch"):
         make_plan(**kw, **setting, santa_min_length=L)
-    # above the crossover "auto" samples every sequence, the short one too
+    # above the crossover "auto" samples every sequence, the short one too; the block pass 2 has
+    # none (kernels.BLOCK_PASS_MIN_LENGTH: measured slower than dense everywhere)
     long = dict(kw, batch=16, max_length=60000)
     assert kernels.santa_min_length(16, KVH, D, kernels.ITEMSIZE[kw["dtype"]], 4.8e12) < 60000
     plan = make_plan(**long, **setting)
-    assert plan.santa_from == 0 and not plan.exact_throughout and plan._dense_plan is None
+    if "santa_tile" in santa_kernels:
+        assert plan.exact_throughout and plan.santa_from == kernels.BLOCK_PASS_MIN_LENGTH
+    else:
+        assert plan.santa_from == 0 and not plan.exact_throughout and plan._dense_plan is None
 
 
 def test_exact_throughout_merges_many_splits(launches):
