@@ -211,6 +211,27 @@ def test_exact_throughout_below_the_crossover_is_the_dense_plan(options):
     assert_dense_matches(as_float32(o), dense_error_bound(q, k, v, lens, dtype))
 
 
+def test_stages_alone_take_every_sequence():
+    """sample_counts -> run_from_counts on a plan that runs exact ("auto" below its crossover) or
+    mixes (santa_min_length=1000): the stages alone run the estimator for every sequence, bit for
+    bit a santa-at-every-length plan's (their merge once skipped the sequences shorter than
+    santa_from, leaving the output unwritten)."""
+    import cupy
+    rng = np.random.default_rng(41)
+    L_max = 3000
+    q, k, v, lens = random_inputs(rng, 2, 8, 2, 128, L_max, [3000, 700], "bfloat16")
+    qg, kg, vg, lg = to_gpu(q, k, v, lens)
+    kw = dict(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=L_max, dtype="bfloat16", samples=64, seed=4)
+    santa = make_plan(santa_min_length=0, **kw)
+    counts = santa.sample_counts(qg, kg, lg)
+    want = santa.run_from_counts(qg, kg, vg, lg, counts).copy()
+    for min_length in ("auto", 1000):
+        plan = make_plan(santa_min_length=min_length, **kw)
+        plan.out.view(cupy.uint8).fill(0xFF)
+        got = plan.run_from_counts(qg, kg, vg, lg, counts)
+        assert cupy.array_equal(got.view(cupy.uint8), want.view(cupy.uint8)), min_length
+
+
 def test_dense_fallback_reads_lengths_a_warp_at_a_time():
     """The fallback's blocks first ask one warp whether any sequence is short (32 lengths a round
     trip, common.cuh any_dense_sequence): in a batch of 40 whose only short sequence is the 38th
