@@ -162,6 +162,9 @@ def test_bytes_santa():
     # reading every V row without a stash is exactly the dense byte count
     assert bench.accounting.attention_bytes(fixed, LLAMA, B, L, B * L * 8) == \
         bench.accounting.attention_bytes(Method("dense"), LLAMA, B, L)
+    # a plan that ran exact (below its santa_min_length) moves dense's bytes, no stash
+    assert bench.accounting.attention_bytes(glob, LLAMA, B, L, B * L * 8, exact=True) == \
+        bench.accounting.attention_bytes(Method("dense"), LLAMA, B, L)
     with pytest.raises(ValueError, match="rows_read"):
         bench.accounting.attention_bytes(glob, LLAMA, B, L)
 

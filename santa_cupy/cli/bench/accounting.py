@@ -15,7 +15,7 @@ def kv_bytes(shape: Shape, B: int, L: int) -> int:
 
 
 def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int | None = None,
-                    key_fraction: float | None = None) -> int:
+                    key_fraction: float | None = None, exact: bool = False) -> int:
     """Bytes a decode-attention call must move (see docs/BENCHMARKS.md, "Bytes").
 
     dense / external: K + V of all B*L rows, plus q read and o written.
@@ -23,10 +23,11 @@ def attention_bytes(method: Method, shape: Shape, B: int, L: int, rows_read: int
     plus, for the two-pass budgets (global, largest_remainder), the fp32 score stash written and
     read back: B*H*L*4*2 (not for fixed and one_pass). Tile partials and per-tile stats are not
     counted. one_pass: the plan's default hint, its previous call's lse. Key sampling
-    (``key_fraction``, the fraction of K's blocks read): K counts that fraction."""
+    (``key_fraction``, the fraction of K's blocks read): K counts that fraction. ``exact``: a santa
+    plan that ran the exact kernel for every sequence (below its santa_min_length) moves dense's."""
     isz, D, H, KVH = ITEMSIZE[shape.dtype], shape.head_dim, shape.heads, shape.kv_heads
     qo = 2 * B * H * D * isz
-    if method.kind != "santa":
+    if method.kind != "santa" or exact:
         return kv_bytes(shape, B, L) + qo
     if rows_read is None:
         raise ValueError("santa bytes need rows_read (distinct V rows read, summed over b and KV heads)")

@@ -69,7 +69,7 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
         plan.run(*inputs[0], lengths)
     fns = [lambda q=q, k=k, v=v: plan.run(q, k, v, lengths, validate=False, block_table=table) for q, k, v in inputs]
     us, mode = time_cupy_graph(cp, fns, n_inner, repeats)
-    rows_read, key_fraction = None, None
+    rows_read, key_fraction, exact = None, None, False
     if method.kind == "santa":
         q, k, v = inputs[0]
         plan.run(q, k, v, lengths, validate=False, block_table=table)
@@ -77,8 +77,12 @@ def bench_ours(cp, method: Method, shape: Shape, B: int, L: int, inputs, n_inner
         rows_read = int(info.rows_read.sum())     # int() syncs the default stream
         if info.key_fraction is not None:          # equal lengths: the mean over (b, KV head)
             key_fraction = float(info.key_fraction.mean())
-    return {"us": us, "timing": mode, "rows_read": rows_read, "key_fraction": key_fraction,
-            "rows_frac": rows_read / (B * L * shape.kv_heads) if rows_read is not None else 1.0}
+        exact = bool(info.dense_fallback.all())   # below the plan's santa_min_length
+    row = {"us": us, "timing": mode, "rows_read": rows_read, "key_fraction": key_fraction, "exact": exact,
+           "rows_frac": rows_read / (B * L * shape.kv_heads) if rows_read is not None else 1.0}
+    if exact:
+        row["note"] = "ran exact (below santa_min_length)"
+    return row
 
 
 
@@ -107,7 +111,8 @@ def bench_config(cp, torch, flashinfer, shape, B, L, methods, *, l2, budget_byte
         except Exception as exc:
             row.update(us=None, note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
         have_rows = m.kind != "santa" or row.get("rows_read") is not None
-        row["bytes"] = attention_bytes(m, shape, B, L, row.get("rows_read"), row.get("key_fraction")) if have_rows else None
+        row["bytes"] = attention_bytes(m, shape, B, L, row.get("rows_read"), row.get("key_fraction"),
+                                       row.get("exact", False)) if have_rows else None
         if row.get("timing", "graph") != "graph":
             row["note"] = ((row.get("note") or "") + " " + row["timing"]).strip()
         rows.append(row)
