@@ -886,3 +886,22 @@ def test_fit_min_length_recovers_the_costs_it_was_given(tmp_path, capsys):
     assert fit.crossover([1, 2, 3], [5, 5, 5], [4, 4, 4]) is None
     assert fit.crossover([1, 2], [5, 5], [6, 6]) == float("inf")
     assert kernels.SANTA_COST_SAMPLES == 256
+
+
+@pytest.mark.gpu
+def test_kernels_rows_that_ran_exact_on_the_gpu(tmp_path):
+    """bench kernels at 4k (below the default plan's crossover): the default santa row ran exact,
+    is noted so and counts dense's bytes; its -always row samples (fewer bytes, rows read < 1)."""
+    from tests.gpu_util import HAVE_GPU
+    if not HAVE_GPU:
+        pytest.skip("needs CuPy and a CUDA GPU")
+    out = tmp_path / "kernels.json"
+    result = CliRunner().invoke(bench.bench, ["kernels", "--batch", "1", "--context", "4k", "--no-ceiling",
+                                              "--repeats", "3", "--inner", "1", "--methods",
+                                              "dense,santa-global-systematic-256,santa-global-systematic-256-always",
+                                              "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    dense, default, always = json.loads(out.read_text())["rows"]
+    assert default["exact"] and default["note"] == "ran exact (below santa_min_length)"
+    assert default["bytes"] == dense["bytes"] and default["rows_frac"] == 1.0
+    assert not always["exact"] and always["bytes"] < dense["bytes"] and always["rows_frac"] < 1
