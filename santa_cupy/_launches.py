@@ -174,17 +174,16 @@ class _PlanLaunches:
                              f"more than a grid's {MAX_GRID_Y}: use a larger tiles_per_warp or block_n")
         return blocks
 
-    def _merge(self, lengths, out, kind, part_rows, split_target=0, santa_from=None):
+    def _merge(self, lengths, out, kind, part_rows, split_target=0):
         """split_target > 0: a dense plan's splits (part_rows per sequence from the lengths, as the
-        dense kernel split them). santa_from: the merge leaves shorter sequences alone (the dense
-        fallback's); None: the plan's (a santa plan's run), 0 for every sequence."""
+        dense kernel split them). Every sequence: the kernel's santa_from is 0, since no plan that
+        merges runs beside a dense fallback (the warp pass 2, the only route that mixes, finishes
+        itself; the fallback merges in its own last block; the standalone stages run none)."""
         i32 = kernels.i32
-        if santa_from is None:
-            santa_from = self.santa_from if self.method == "santa" else 0
         self._launch(self._merge_fn, (self.H, self.B),
                        (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
                         i32(split_target), i32(self.P_max), i32(kind), i32(self.samples), out, self.lse, self.spread,
-                        i32(santa_from)), threads=kernels.MERGE_THREADS)
+                        i32(0)), threads=kernels.MERGE_THREADS)
 
     # ---- the launches' arguments ---------------------------------------------------------------
     def _page_args(self, block_table, k_cache):

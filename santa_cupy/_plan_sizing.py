@@ -17,9 +17,7 @@ class _PlanSizing:
         block pass 2's is every length, kernels.BLOCK_PASS_MIN_LENGTH), and santa throughout
         otherwise (an explicit 1 < santa_min_length <= max_length: ValueError)."""
         mixes = self._warp and not self.setting.key_sampled   # a blocked K: no per-sequence fallback
-        if not self._can_run_dense():
-            mixes, crossover = False, 0
-        elif santa_min_length == "auto" and self.tile_kernel == "block":
+        if santa_min_length == "auto" and self.tile_kernel == "block":
             crossover = kernels.BLOCK_PASS_MIN_LENGTH     # measured slower than dense (kernels.py)
         elif santa_min_length == "auto":
             import cupy
@@ -38,11 +36,6 @@ class _PlanSizing:
                          f"64/128; got tile_kernel={self.tile_kernel!r}, budget={self.budget!r}, key_sampling="
                          f"{self.setting.key_sampling!r}): use 'auto', 0, 1 or a length above max_length="
                          f"{self.L_max}")
-
-    def _can_run_dense(self):
-        """Whether a dense kernel reads this plan's K: any standard K; a blocked one (key sampling)
-        on the tensor-core kernel only (key_pass.check_dense_blocked)."""
-        return not self.key_block or kernels.mma_supported(self.dtype, self.D)
 
     def _tiles_per_warp(self, kernel, smem):
         """kernels.tiles_per_warp for a one-warp-per-tile-run kernel at this plan's grid."""

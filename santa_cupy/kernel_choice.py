@@ -192,10 +192,9 @@ def resolve(choice: KernelChoice, setting, *, batch, kv_heads, group, head_dim, 
     # every length. Under santa_min_length "auto" its caches (<= 64 MB of K + V: batch 1 up to 16k
     # tokens of the 8B shape) lie below the fixed budget's crossover, where the warp pipeline's
     # fallback runs them exact (H100: fused 31.4 / 32.2 / 37.8 us against dense 14.4 / 20.0 / 30.7
-    # at batch 1, 4k / 8k / 16k, S = 2048). Key sampling has no per-sequence fallback: where it
-    # samples, it samples every sequence.
+    # at batch 1, 4k / 8k / 16k, S = 2048).
     tile = resolve_tile_kernel(choice.tile_kernel, setting.sampler, group, rows, setting.budget, kv_bytes,
-                               score == "mma", every_length=setting.santa_min_length in (0, 1) or setting.key_sampled,
+                               score == "mma", every_length=setting.santa_min_length in (0, 1),
                                fused_fixed_max_kv_bytes=choice.fused_fixed_max_kv_bytes,
                                mma_min_rows=choice.mma_min_rows)
     return ResolvedKernels(dense, score, tile)

@@ -423,9 +423,8 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         if self.two_pass:
             self._score_and_prefix(q, k_cache, lengths, pages, layer=layer)
         self._tile(q, k_cache, v_cache, lengths, 0, "gather", counts, pages)
-        # every sequence (the dense fallback does not run here)
         self._merge(lengths, out, kernels.MERGE_FIXED if self.budget == "fixed" else kernels.MERGE_SUM,
-                    self.block_n, santa_from=0)
+                    self.block_n)
         return out
 
     @interop.accepts_stream
