@@ -52,10 +52,9 @@ template <typename T, int D, int U>
 __global__ void __launch_bounds__(SC_MERGE_THREADS, U == 4 && D <= 128 ? 4 : 1)
 santa_merge(const float* __restrict__ part_o, const float4* __restrict__ part_s, const int* __restrict__ lengths,
             i64 L_max, int H, int part_rows, int split_target, int P_max, int kind, int samples,
-            T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread, int santa_from) {
+            T* __restrict__ out, float* __restrict__ lse, float* __restrict__ spread) {
     pdl_launch_dependents();
     pdl_wait();                           // before any read of an earlier kernel's output (common.cuh)
-    if (seq_len(lengths, blockIdx.y, L_max) < santa_from) return;   // a santa plan's dense fallback wrote it
     constexpr int kWarps = SC_MERGE_THREADS / 32;
     constexpr int kPerLane = D / 32;
     __shared__ float red_m[kWarps], red_z[kWarps];

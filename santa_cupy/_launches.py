@@ -176,14 +176,14 @@ class _PlanLaunches:
 
     def _merge(self, lengths, out, kind, part_rows, split_target=0):
         """split_target > 0: a dense plan's splits (part_rows per sequence from the lengths, as the
-        dense kernel split them). Every sequence: the kernel's santa_from is 0, since no plan that
-        merges runs beside a dense fallback (the warp pass 2, the only route that mixes, finishes
-        itself; the fallback merges in its own last block; the standalone stages run none)."""
+        dense kernel split them). It merges every sequence: no plan that merges runs beside a dense
+        fallback (the warp pass 2, the only route that mixes, finishes itself; the fallback merges in
+        its own last block; the standalone stages run none)."""
         i32 = kernels.i32
         self._launch(self._merge_fn, (self.H, self.B),
-                       (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
-                        i32(split_target), i32(self.P_max), i32(kind), i32(self.samples), out, self.lse, self.spread,
-                        i32(0)), threads=kernels.MERGE_THREADS)
+                     (self.part_o, self.part_s, lengths, kernels.i64(self.L_max), i32(self.H), i32(part_rows),
+                      i32(split_target), i32(self.P_max), i32(kind), i32(self.samples), out, self.lse, self.spread),
+                     threads=kernels.MERGE_THREADS)
 
     # ---- the launches' arguments ---------------------------------------------------------------
     def _page_args(self, block_table, k_cache):

@@ -35,10 +35,10 @@ def test_parsed_parameters_are_the_declared_ones():
     merge = kernel_args.signature_of(source, "santa_merge<bf16_t, 128, 4>")
     # merge.cu: santa_merge(const float* part_o, const float4* part_s, const int* lengths, i64 L_max,
     # int H, int part_rows, int split_target, int P_max, int kind, int samples, T* out,
-    # float* lse, float* spread, int santa_from)
+    # float* lse, float* spread)
     assert [p.name for p in merge.params] == ["part_o", "part_s", "lengths", "L_max", "H", "part_rows",
                                               "split_target", "P_max", "kind", "samples", "out",
-                                              "lse", "spread", "santa_from"]
+                                              "lse", "spread"]
     types = {p.name: (p.pointer, p.numpy_type) for p in merge.params}
     assert types["L_max"] == (False, np.int64) and types["H"] == (False, np.int32)
     assert types["out"] == (True, np.uint16)               # T = bf16_t: bf16 travels as uint16 bits
@@ -61,7 +61,7 @@ def _merge_args(**change):
               "lengths": np.ones(2, np.int32), "L_max": np.int64(8), "H": np.int32(4), "part_rows": np.int32(64),
               "split_target": np.int32(0), "P_max": np.int32(4), "kind": np.int32(2),
               "samples": np.int32(16), "out": np.zeros((2, 4, 128), np.uint16), "lse": np.zeros((2, 4), np.float32),
-              "spread": np.zeros((2, 4), np.float32), "santa_from": np.int32(0)}
+              "spread": np.zeros((2, 4), np.float32)}
     values.update(change)
     return sig, [values[p.name] for p in sig.params]
 
@@ -87,7 +87,7 @@ def test_mismatches_are_type_errors_naming_the_parameter(change, needle):
 
 def test_argument_count():
     sig, args = _merge_args()
-    with pytest.raises(TypeError, match=r"13 arguments for 14 parameters"):
+    with pytest.raises(TypeError, match=r"12 arguments for 13 parameters"):
         kernel_args.check(sig, args[:-1])
 
 
