@@ -814,10 +814,10 @@ def flashinfer_dirs(tmp_path):
 def test_perf_script_peers_include_flashinfer_when_it_imports(tmp_path, flashinfer_dirs):
     assert _source_gpu_check("peers", tmp_path, flashinfer_dirs["importable"]) == "torch-cudnn,torch-flash,flashinfer"
     assert _source_gpu_check("peers", tmp_path, flashinfer_dirs["missing"]) == "torch-cudnn,torch-flash"
-    # no FlashInfer: no warm-up started, and the methods of perf_run.sh end with the two torch peers
+    # no FlashInfer: no warm-up started, and the methods of grid_run.sh end with the two torch peers
     assert _source_gpu_check('start_flashinfer_warm; echo "pid=${FLASHINFER_WARM:-}"', tmp_path,
                              flashinfer_dirs["missing"]) == "pid="
-    text = (ROOT / "tools" / "perf_run.sh").read_text()
+    text = (ROOT / "tools" / "grid_run.sh").read_text()
     assert "source tools/gpu_check.sh" in text and ",$(peers)}" in text and text.index("wait_flashinfer_warm") < text.index("$(peers)")
 
 

@@ -535,8 +535,9 @@ WHOLE_BATCH_ROUTES = [
 def test_whole_batch_routes_run_exact_below_the_crossover(launches, shape, setting, santa_kernels):
     """Never slower than exact where a plan cannot mix per sequence (block pass 2, one_pass, key
     sampling): "auto" runs the dense plan's launches alone when max_length is below the crossover
-    (kernels.santa_min_length; the block pass 2 at every length), santa throughout above it; an explicit santa_min_length above
-    max_length is exact throughout, one in 2..max_length a ValueError; 0 is santa at every length."""
+    (kernels.santa_min_length; the block pass 2 at every length), santa throughout above it; an
+    explicit santa_min_length above max_length is exact throughout, one in 2..max_length a
+    ValueError; 0 is santa at every length."""
     kw = dict(batch=2, heads=8, kv_heads=2, head_dim=128, max_length=3000, dtype="bfloat16")
     kw.update(shape)
     B, H, KVH, D, L = (kw[k] for k in ("batch", "heads", "kv_heads", "head_dim", "max_length"))

@@ -4,7 +4,7 @@
 # SMOKE="-k expr": run those kernel tests first under a 90 s limit (a hanging kernel then costs
 # 90 s, not the call); TEST_TIMEOUT: seconds per test (300). Logs go to $OUT or ./out.
 # FlashInfer, a peer of bench kernels, travels as wheels in .whl/ (git-ignored; without them the
-# steps for it do nothing). tools/perf_run.sh and tests/test_bench.py source this file for its
+# steps for it do nothing). tools/grid_run.sh and tests/test_bench.py source this file for its
 # functions alone.
 FI_WARM_JSON=${FI_WARM_JSON:-/tmp/flashinfer_warm.json}
 
