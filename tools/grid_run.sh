@@ -4,7 +4,7 @@
 # SANTA at every length, fixed S=2048 at every length, cuDNN, FA2 and FlashInfer when its wheels
 # are in .whl/), bench e2e, bench stages and the key-sampling rows, in that order, each step only
 # while the call's time lasts. Results go to $OUT/grid.tgz, rewritten after every step, so a call
-# cut short still returns what it measured.
+# cut short still returns what it measured; tools/grid_tables.py makes BENCHMARKS.md's tables of them.
 #   SANTA_CUPY_COMMIT=<hash> LIMIT=<seconds> bash tools/grid_run.sh
 # LIMIT: the seconds this script may take (default 570; pass the device call's limit less ~20 s).
 # Below 320 it keeps to the sanity tests and our kernels against cuDNN and FA2 (no FlashInfer: its

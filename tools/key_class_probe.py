@@ -51,7 +51,7 @@ def run(name, classes):        # classes [B, KVH] -> number of 32-feature groups
     print(f"{name:52s} {us:8.1f} us  K read {frac:.3f}", flush=True)
     return us
 full = run("all 4 groups (generic)", np.full((B, KVH), 4))
-for ng in (3, 2, 1):
+for ng in (3, 2, 1, 0):       # 0: no K read, the stash's zeros alone (stash_zero_scores)
     us = run(f"all {ng} groups", np.full((B, KVH), ng))
     f = ng / 4
     print(f"   saving share {(full - us) / (full * (1 - f)):.2f}")

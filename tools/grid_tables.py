@@ -1,0 +1,111 @@
+"""The reference tables of docs/BENCHMARKS.md from one tools/grid_run.sh call's results.
+
+    python tools/grid_tables.py DIR        (DIR: the unpacked grid.tgz, its kernels_*.json and e2e_b*.md)
+
+Prints, in BENCHMARKS.md's format: the kernel grid (every method and peer, "x best peer" = the
+fastest of cuDNN, FA2 and FlashInfer at the point over ours), and the measured column of issue
+15's targets (SANTA's default against the fastest of our dense and the peers; e2e against dense).
+A point or method the call did not reach prints "-".
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import sys
+from pathlib import Path
+
+PEERS = ("torch-cudnn", "torch-flash", "flashinfer")
+OURS = {"default": "santa-global-systematic-256", "always": "santa-global-systematic-256-always",
+        "fixed": "santa-fixed-systematic-2048-always"}
+TARGETS = [((1, 8192), 1.0), ((1, 32768), 1.5), ((1, 131072), 1.7), ((4, 32768), 1.65),
+           ((16, 32768), 1.75), ((16, 131072), 1.8)]
+E2E_TARGETS = [(16, 1.45), (1, 1.07)]
+
+
+def load_rows(folder: Path) -> dict:
+    """{(B, L): {method: row}} from every kernels_*.json but the key-sampling rows' file."""
+    points: dict = {}
+    for path in sorted(glob.glob(str(folder / "kernels_*.json"))):
+        if Path(path).name == "kernels_keys.json":
+            continue
+        for row in json.load(open(path))["rows"]:
+            points.setdefault((row["B"], row["L"]), {})[row["method"]] = row
+    return points
+
+
+def cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return f"{row['us']:.1f}" + (" (exact)" if row.get("exact") else "")
+
+
+def best_peer_us(rows: dict) -> float | None:
+    times = [rows[p]["us"] for p in PEERS if p in rows]
+    return min(times) if times else None
+
+
+def ratio(reference: float | None, row: dict | None) -> str:
+    return "-" if reference is None or row is None else f"{reference / row['us']:.2f}x"
+
+
+def kernel_grid(points: dict) -> list[str]:
+    head = ("| B | L | dense | cuDNN | FA2 | FlashInfer | SANTA default | SANTA every length | "
+            "fixed S=2048 every length | SANTA default x best peer | every length x best peer | fixed x best peer |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for (B, L), rows in sorted(points.items()):
+        peer = best_peer_us(rows)
+        ours = [rows.get(OURS[k]) for k in ("default", "always", "fixed")]
+        cells = [cell(rows.get("dense"))] + [cell(rows.get(p)) for p in PEERS] + [cell(r) for r in ours]
+        cells += [ratio(peer, r) for r in ours]
+        lines.append(f"| {B} | {L // 1024}k | " + " | ".join(cells) + " |")
+    return lines
+
+
+def e2e_speedups(folder: Path) -> dict:
+    """{B: (santa ms, dense ms)} from e2e_b<B>.md's table rows."""
+    out = {}
+    for path in glob.glob(str(folder / "e2e_b*.md")):
+        ms = {}
+        for line in open(path):
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cols) > 4 and re.fullmatch(r"[\d.]+", cols[3]):
+                ms[cols[0]] = float(cols[3])
+        batch = int(re.search(r"e2e_b(\d+)", path).group(1))
+        if "dense" in ms and OURS["default"] in ms:
+            out[batch] = (ms[OURS["default"]], ms["dense"])
+    return out
+
+
+def target_rows(points: dict, e2e: dict) -> list[str]:
+    lines = ["| point | target | measured (SANTA default x the fastest of our dense and the peers) |", "|---|---|---|"]
+    for (B, L), target in TARGETS:
+        rows = points.get((B, L), {})
+        fastest = [rows[m]["us"] for m in ("dense",) + PEERS if m in rows]
+        default = rows.get(OURS["default"])
+        measured = ratio(min(fastest) if fastest else None, default)
+        if default is not None and default.get("exact"):
+            measured += " (runs exact)"
+        lines.append(f"| B={B}, {L // 1024}k | >= {target}x | {measured} |")
+    for B, target in E2E_TARGETS:
+        measured = f"{e2e[B][1] / e2e[B][0]:.2f}x dense" if B in e2e else "-"
+        lines.append(f"| e2e 8B, B={B}, 32k | >= {target}x | {measured} |")
+    return lines
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    folder = Path(sys.argv[1])
+    points = load_rows(folder)
+    if not points:
+        sys.exit(f"no kernels_*.json rows in {folder}")
+    print("\n".join(kernel_grid(points)))
+    print()
+    print("\n".join(target_rows(points, e2e_speedups(folder))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
