@@ -52,11 +52,13 @@ def test_seed_reproducibility(model):
 
 
 def test_stop_tokens_and_callback(model):
-    g = generate(model, PROMPT, max_new_tokens=8).generated_tokens
-    stop = g[3]
+    prompt = [5, 3, 8, 30, 25, 34]     # greedy: a token repeated, then another (PROMPT's repeats one)
+    g = generate(model, prompt, max_new_tokens=8).generated_tokens
+    stop = g[-1]
     first = g.index(stop)
+    assert first > 0, "the stop token must come after some generated tokens for this test to mean anything"
     seen = []
-    r = generate(model, PROMPT, max_new_tokens=8, stop_ids=[stop], on_token=seen.append)
+    r = generate(model, prompt, max_new_tokens=8, stop_ids=[stop], on_token=seen.append)
     assert r.generated_tokens == g[:first] == seen
     assert r.stop_reason == "stop"
 

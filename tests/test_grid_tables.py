@@ -22,5 +22,5 @@ def test_grid_tables_reproduce_the_stored_h100_grid():
 
 def test_grid_tables_refuses_a_folder_without_rows(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "grid_tables.py"), str(tmp_path)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert run.returncode != 0 and "no kernels_*.json rows" in run.stderr

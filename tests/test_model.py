@@ -254,11 +254,12 @@ def test_santa_attention_with_many_samples_approximates_dense(tmp_path):
             _close(out, ref[t], tol=3e-2 if att.method == "santa" else 2e-4)
     # few samples: different from dense but deterministic for a seed
     outs = []
-    for _ in range(2):
+    for att in (AttentionSetting(method="santa", samples=2, seed=5),) * 2 + (AttentionSetting(method="dense"),):
         cache = model.new_cache(1, 10)
         model.prefill(np.array([ids[:6]]), cache)
-        outs.append(model.decode(np.array([ids[6]]), cache, attention=AttentionSetting(method="santa", samples=2, seed=5)))
+        outs.append(model.decode(np.array([ids[6]]), cache, attention=att))
     np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.allclose(outs[0], outs[2], atol=1e-3)   # two samples did not run dense
 
 
 def test_one_pass_decodes_with_each_layers_previous_lse_as_hint(tmp_path, monkeypatch):

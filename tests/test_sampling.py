@@ -170,27 +170,48 @@ def test_uniform_is_the_rng_stream_and_depends_on_step_and_sequence():
     assert int(sampling.token_uniform(9, 2, 1)) == int(rng.mix64(rng.mix64(key ^ np.uint64(0xFFFFFFFD)) ^ np.uint64(0))) >> 32
 
 
+def chi2_quantile(dof: int, z: float = 4.753) -> float:
+    """Upper quantile of the chi-square law with dof degrees of freedom (Wilson-Hilferty), z = the
+    standard normal quantile: 4.753 for a false alarm rate of 1e-6."""
+    a = 2.0 / (9.0 * dof)
+    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def _softmax_counts(l, n, temperature=1.0, top_k=None, top_p=None):
+    """Expected counts of n draws from the renormalised softmax of the kept set."""
+    V = len(l)
+    z = l.astype(np.float64) / temperature
+    pr = np.exp(z - z.max())
+    order = sorted(range(V), key=lambda i: (-z[i], i))
+    keep = order[:top_k or V]
+    if top_p is not None:
+        q = pr[keep] / pr[keep].sum()
+        keep = keep[:int(np.searchsorted(np.cumsum(q), top_p) + 1)]
+    expect = np.zeros(V)
+    expect[keep] = pr[keep] / pr[keep].sum() * n
+    return expect
+
+
+def _chi2(counts, expect):
+    m = expect > 0
+    return float((((counts[m] - expect[m]) ** 2) / expect[m]).sum()), int(m.sum()) - 1
+
+
 @pytest.mark.parametrize("case", [dict(temperature=1.0), dict(temperature=0.5, top_k=6), dict(top_p=0.8)])
 def test_distribution_matches_softmax(case):
-    """Draws over 4000 steps against the renormalised softmax of the kept set: a chi-square bound."""
-    V, n = 12, 4000
+    """Draws over 20000 steps against the renormalised softmax of the kept set: a chi-square test at
+    a false alarm rate of 1e-6, which a temperature 20% off fails (checked on the same draws)."""
+    V, n = 12, 20000
     l = _logits(V, 1, spread=1.0)
     p = _params(V, greedy=False, seed=2, **case)
     counts = np.bincount([int(sample_reference(l[None], p, s)[0]) for s in range(n)], minlength=V)
-    z = l.astype(np.float64) / case.get("temperature", 1.0)
-    pr = np.exp(z - z.max())
-    order = sorted(range(V), key=lambda i: (-z[i], i))
-    keep = order[:case.get("top_k", V)]
-    if "top_p" in case:
-        q = pr[keep] / pr[keep].sum()
-        keep = keep[:int(np.searchsorted(np.cumsum(q), case["top_p"]) + 1)]
-    expect = np.zeros(V)
-    expect[keep] = pr[keep] / pr[keep].sum() * n
+    expect = _softmax_counts(l, n, **case)
     assert counts[expect == 0].sum() == 0
-    m = expect > 0
-    chi2 = float((((counts[m] - expect[m]) ** 2) / expect[m]).sum())
-    dof = int(m.sum()) - 1
-    assert chi2 < dof + 6 * math.sqrt(2 * dof) + 10, (chi2, dof)
+    chi2, dof = _chi2(counts, expect)
+    assert chi2 < chi2_quantile(dof), (chi2, dof)
+    wrong = _softmax_counts(l, n, **{**case, "temperature": 1.2 * case.get("temperature", 1.0)})
+    chi2_wrong, dof_wrong = _chi2(counts, np.where(expect > 0, wrong, 0.0))
+    assert chi2_wrong > chi2_quantile(dof_wrong), (chi2_wrong, dof_wrong)
 
 
 def test_repetition_penalty_in_float32():

@@ -30,7 +30,7 @@ def load_rows(folder: Path) -> dict:
     for path in sorted(glob.glob(str(folder / "kernels_*.json"))):
         if Path(path).name == "kernels_keys.json":
             continue
-        for row in json.load(open(path))["rows"]:
+        for row in json.loads(Path(path).read_text())["rows"]:
             points.setdefault((row["B"], row["L"]), {})[row["method"]] = row
     return points
 
@@ -68,7 +68,7 @@ def e2e_speedups(folder: Path) -> dict:
     out = {}
     for path in glob.glob(str(folder / "e2e_b*.md")):
         ms = {}
-        for line in open(path):
+        for line in Path(path).read_text().splitlines():
             cols = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cols) > 4 and re.fullmatch(r"[\d.]+", cols[3]):
                 ms[cols[0]] = float(cols[3])
