@@ -201,6 +201,25 @@ def test_kernel_errors_dense_floor_and_decrease_with_S(tiny):
     assert set(res["iid/global/S=2"]["per_seed"][0]["layers"]) == {0, 1}
 
 
+def test_kernel_errors_run_the_estimator_at_every_length(tiny, monkeypatch):
+    """The kernel eval measures SANTA itself: santa_min_length 0, so that the GPU's dense fallback
+    below the crossover (~23k tokens) does not stand in for the estimator at the eval's 4k context
+    (it did: SANTA's row read dense's error). Every call's setting is recorded."""
+    import santa_cupy
+    cap = ev.runs.capture_attention_inputs(tiny, IDS)
+    calls = []
+    real = santa_cupy.decode_attention
+
+    def recording(q, k, v, lengths, setting, **kw):
+        calls.append(setting)
+        return real(q, k, v, lengths, setting, **kw)
+    monkeypatch.setattr(santa_cupy, "decode_attention", recording)
+    ev.runs.kernel_errors(cap, [0], ev.settings.settings_grid(["systematic"], ["global"], [16]), seeds=[0, 1])
+    santa = [c for c in calls if c.method == "santa"]
+    assert len(santa) == 2 and all(c.santa_min_length == 0 for c in santa)
+    assert {c.seed for c in santa} == {0, 1}
+
+
 def test_teacher_forced_dense_matches_logits_all(tiny):
     prefix = 10
     cache0 = ev.decoding.prefilled_cache(tiny, IDS[:prefix], len(IDS))

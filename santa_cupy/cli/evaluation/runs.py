@@ -67,8 +67,7 @@ def kernel_errors(captured, layers, settings, seeds, block_n=None, progress=None
             errs, fractions = {}, []
             for li in layers:
                 q, kc, vc, lens = captured[li]
-                call = st.replace(block_n=block_n) if st.method == "dense" and not keyed else \
-                    st.replace(seed=int(seed), block_n=block_n)      # santa_min_length: the setting's
+                call = run_setting(st, seed, block_n)   # SANTA at every length, as eval model runs it
                 if keyed:
                     o, info = santa_cupy.decode_attention(q, kc, vc, lens, call, layer=li, return_info=True)
                     fractions.append(float(np.mean(info.key_fraction)))       # batch 1: one sequence
