@@ -9,7 +9,8 @@ against its bytes, one run of the kernel for all), then a mix of counts as the u
 draws give at a quarter of K, interleaved and sorted heaviest or lightest first in launch order,
 then the real draws. The score kernel's launch order (KeyScorePass.group_order) is the identity
 until the last line's santa_key_blocks sorts it heaviest first (290ed05), so the sorted lines lay
-the classes out by id instead. docs/results/h200_d59c4a3/ holds its H200 output (before 290ed05).
+the classes out by id instead. Its output at 5105f8e: docs/results/h200_5105f8e/key_class_fb32.txt
+(H200) and docs/results/h100_247459e/ (H100); before 290ed05: docs/results/h200_d59c4a3/.
 """
 import sys
 from pathlib import Path
