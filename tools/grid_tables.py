@@ -16,7 +16,9 @@ import re
 import sys
 from pathlib import Path
 
-PEERS = ("torch-cudnn", "torch-flash", "flashinfer")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from santa_cupy.cli.bench.methods import PEERS  # method -> column label
+
 OURS = {"default": "santa-global-systematic-256", "always": "santa-global-systematic-256-always",
         "fixed": "santa-fixed-systematic-2048-always"}
 TARGETS = [((1, 8192), 1.0), ((1, 32768), 1.5), ((1, 131072), 1.7), ((4, 32768), 1.65),
@@ -41,24 +43,19 @@ def cell(row: dict | None) -> str:
     return f"{row['us']:.1f}" + (" (exact)" if row.get("exact") else "")
 
 
-def best_peer_us(rows: dict) -> float | None:
-    times = [rows[p]["us"] for p in PEERS if p in rows]
-    return min(times) if times else None
-
-
-def ratio(reference: float | None, row: dict | None) -> str:
-    return "-" if reference is None or row is None else f"{reference / row['us']:.2f}x"
+def ratio(row: dict | None) -> str:
+    """bench's own "x best peer" of a row (the fastest peer's time / ours)."""
+    return "-" if row is None or row.get("x_peer") is None else f"{row['x_peer']:.2f}x"
 
 
 def kernel_grid(points: dict) -> list[str]:
-    head = ("| B | L | dense | cuDNN | FA2 | FlashInfer | SANTA default | SANTA every length | "
+    head = ("| B | L | dense | " + " | ".join(PEERS.values()) + " | SANTA default | SANTA every length | "
             "fixed S=2048 every length | SANTA default x best peer | every length x best peer | fixed x best peer |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for (B, L), rows in sorted(points.items()):
-        peer = best_peer_us(rows)
         ours = [rows.get(OURS[k]) for k in ("default", "always", "fixed")]
         cells = [cell(rows.get("dense"))] + [cell(rows.get(p)) for p in PEERS] + [cell(r) for r in ours]
-        cells += [ratio(peer, r) for r in ours]
+        cells += [ratio(r) for r in ours]
         lines.append(f"| {B} | {L // 1024}k | " + " | ".join(cells) + " |")
     return lines
 
@@ -78,10 +75,10 @@ def e2e_speedups(folder: Path) -> dict:
 def target_rows(points: dict, e2e: dict) -> list[str]:
     lines = ["| point | target | measured (SANTA default x the fastest of our dense and the peers) |", "|---|---|---|"]
     for (B, L), target in TARGETS:
-        rows = points.get((B, L), {})
-        fastest = [rows[m]["us"] for m in ("dense",) + PEERS if m in rows]
-        default = rows.get(OURS["default"])
-        measured = ratio(min(fastest) if fastest else None, default)
+        default = points.get((B, L), {}).get(OURS["default"])
+        # against the fastest of our dense and the peers: the smaller of bench's two speed-ups
+        speedups = [default[k] for k in ("x_dense", "x_peer") if default and default.get(k) is not None]
+        measured = f"{min(speedups):.2f}x" if speedups else "-"
         if default is not None and default.get("exact"):
             measured += " (runs exact)"
         lines.append(f"| B={B}, {L // 1024}k | >= {target}x | {measured} |")
