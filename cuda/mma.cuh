@@ -155,18 +155,53 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKey
     load_blocked_slice<T, D>(w, K, base, b, step0, key, row_end, g, t, ~0u);
 }
 
+// The blocked K of one (sequence, KV head) as the key pass reads it (SampledKeyRows,
+// CompactKeyRows): the head's row 0 and thread t's piece offset resolved once a run, so that a
+// step's addresses are 32-bit row offsets from the step's first row (kStepRows: KeyRun::load_step
+// calls load_step_row with the row r < 16 SPAN of the step). Addressing each key in 64 bits from
+// (b, key) took ~60 of the full-width pass's ~500 instructions a step (SASS, sm_90).
+template <typename T, int D>
+struct HeadKeyRows : BlockedKeyRows<T, D> {
+    static constexpr bool kStepRows = true;
+    const T* head;                           // row 0, feature 0 of (b, g)
+    int poff;                                // thread t's piece t from its row's feature 0
+
+    __device__ __forceinline__ void init(const T* kb, i64 L_max, int KVH, int FB, i64 b, int g, int t) {
+        this->data = kb;
+        this->L_max = L_max;
+        this->KVH = KVH;
+        this->FB = FB;
+        head = BlockedKeyRows<T, D>::row(b, 0, g);
+        const int f = SC_CHUNK * t;          // BlockedKeyRows::piece
+        poff = (f & ~(FB - 1)) * this->P + (f & (FB - 1));
+    }
+    // row j (>= 0) of (b, g): its page, then its place in the page (b, g: the run's)
+    __device__ __forceinline__ const T* row(i64, i64 j, int) const {
+        const u64 jj = (u64)j;
+        return head + (i64)(jj / this->P) * (D * this->P) + (int)(jj % this->P) * this->FB;
+    }
+};
+
 // A feature-blocked K of which only some blocks are read (block key sampling, santa_score_keys_mma):
 // bit i of `pieces` says whether this thread's piece t + 4 i (features 8 (t + 4 i) .. + 7) lies in
 // a read block; the other pieces load as zeros, their bytes never requested.
 template <typename T, int D>
-struct SampledKeyRows : BlockedKeyRows<T, D> {
+struct SampledKeyRows : HeadKeyRows<T, D> {
     u32 pieces;
 };
 
+// Thread t's slice of row r of a step (base = K.row(b, step0, g)), or zeros where !valid.
 template <typename T, int D>
-__device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const SampledKeyRows<T, D>& K, const T* base, i64 b,
-                                               i64 step0, i64 key, i64 row_end, int g, int t) {
-    load_blocked_slice<T, D>(w, K, base, b, step0, key, row_end, g, t, K.pieces);
+__device__ __forceinline__ void load_step_row(u32 (&w)[D / 8], const SampledKeyRows<T, D>& K, const T* base, int r,
+                                              bool valid) {
+    const T* p = base + r * K.FB + K.poff;
+    constexpr int stride = 32 * BlockedKeyRows<T, D>::P;
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+        const bool read = valid && (K.pieces >> i & 1u);
+        const uint4 x = read ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
+    }
 }
 
 // The query of block key sampling on tensor cores (santa_score_keys_mma): MmaQuery's slices and
@@ -242,16 +277,15 @@ struct KeyWeightedQuery : MmaQuery<T, D, G> {
 // piece t + 4 gid[k], goff[k] = gid[k] * 32 * P elements past piece t; bit k of `pieces`: that
 // piece lies in a read block (FB 16: one of the group's two blocks may be unread).
 template <typename T, int D, int NG>
-struct CompactKeyRows : BlockedKeyRows<T, D> {
-    i64 goff[NG];
+struct CompactKeyRows : HeadKeyRows<T, D> {
+    int goff[NG];
     u32 pieces;
 };
 
 template <typename T, int D, int NG>
-__device__ __forceinline__ void load_key_slice(u32 (&w)[4 * NG], const CompactKeyRows<T, D, NG>& K, const T* base,
-                                               i64 b, i64 step0, i64 key, i64 row_end, int g, int t) {
-    const bool valid = key < row_end;
-    const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
+__device__ __forceinline__ void load_step_row(u32 (&w)[4 * NG], const CompactKeyRows<T, D, NG>& K, const T* base,
+                                              int r, bool valid) {
+    const T* p = base + r * K.FB + K.poff;
 #pragma unroll
     for (int k = 0; k < NG; ++k) {
         const bool read = valid && (K.pieces >> k & 1u);
@@ -327,13 +361,30 @@ struct CompactKeyQuery {
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
 // -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
+// push2 is what l * e^(m - m_new) + e^(s0 - m_new) + e^(s1 - m_new) computed with __expf gives,
+// bit for bit, in fewer instructions (the score passes' per-key work, where the key pass runs
+// below its bytes):
+//   - e^x by ex2.approx.ftz (exp_stats): __expf's own MUFU.EX2 without its path for results below
+//     2^-126, which cannot change l: after a push l >= 1 (the max's term is e^0 = 1 exactly);
+//   - the rescale e^(m - m_new) only where the max grew (or turned NaN): elsewhere it is e^0 = 1,
+//     and fmaf(l, 1, e0) = l + e0.
+__device__ __forceinline__ float exp_stats(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+
 struct OnlineStats {
     float m = -SC_INF, l = 0.f;
     __device__ __forceinline__ void push2(float s0, float s1) {
         const float m_new = max_nan(m, max_nan(s0, s1));   // a NaN score makes l NaN (santa_score_mma)
         if (m_new == -SC_INF) return;
-        l = l * __expf(m - m_new) + __expf(s0 - m_new) + __expf(s1 - m_new);
-        m = m_new;
+        float r = 1.f;
+        if (!(m_new <= m)) {                                // a new max, or NaN
+            r = exp_stats(m - m_new);
+            m = m_new;
+        }
+        l = fmaf(l, r, exp_stats(s0 - m)) + exp_stats(s1 - m);
     }
     // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
     __device__ __forceinline__ void reduce_group() {
@@ -381,8 +432,16 @@ struct KeyRun {
     __device__ __forceinline__ void load_step(u32 (&buf)[NT][W], const KRows& K, i64 b, i64 key0, i64 step0,
                                               i64 key_end, int g, int gi, int tq) {
         const T* base = K.row(b, step0, g);
+        if constexpr (KRows::kStepRows) {
+            // rows of the step that exist (step0 == key0 where any does)
+            const int lim = key0 < key_end ? (int)min(key_end - key0, (i64)KS) : 0;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) load_key_slice(buf[j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
+            for (int j = 0; j < NT; ++j) load_step_row(buf[j], K, base, 8 * j + gi, 8 * j + gi < lim);
+        } else {
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                load_key_slice(buf[j], K, base, b, step0, key0 + 8 * j + gi, key_end, g, tq);
+        }
     }
 
     // Tile `index` of the run (rows [row0, row_end)); [next0, next_end) = the next tile of the run,

@@ -12,9 +12,9 @@
 //
 // santa_key_blocks<T>: grid (KVH, B), block 32 (one warp per (b, g); lane c holds block c, C <= 8).
 //   The group's block weights w_c (rule 0 "uniform": 1; 1 "qmax": max_h ||q_h[c]||; 2 "qrms":
-//   sqrt(sum_h ||q_h[c]||^2)), pi_c = min(1, lam w_c) with lam by the reference's float64
-//   bisection (80 steps, 5 a round on 31 lanes, stopping at its fixed point: key_bisect), pi
-//   rounded to float32, R draws I_{r,c} = [u_{r,c} < pi_c] from the group stream
+//   sqrt(sum_h ||q_h[c]||^2)), pi_c = min(1, lam w_c) with lam as the reference computes it in
+//   float64: in closed form for one draw (key_one_draw_lam), else by its bisection (80 steps,
+//   5 a round on 31 lanes, stopping at its fixed point: key_bisect), pi rounded to float32, R draws I_{r,c} = [u_{r,c} < pi_c] from the group stream
 //   (key_sampling_uniform: unit GROUP_UNIT | (kv_offset + g), k = (r << 32) | c), and each
 //   block's Horvitz-Thompson weight, "mean" (combine 0) (count_c / R) / pi_c or "union" (1)
 //   1 / (1 - (1 - pi_c)^R) where any draw selected it, else 0. Every float64 operation is an
@@ -164,6 +164,32 @@ __device__ __forceinline__ double key_bisect(double lam_hi, const double (&wc)[S
     return b_hi;
 }
 
+// One draw (R = 1, the default): lam in closed form, the reference's _one_draw_lam bit for bit.
+// Lane k < C takes ws_k, the k-th largest weight (w: this lane's own; ties by lane), its tail
+// ws_k + .. + ws_{C-1} summed from ws_{C-1} down, and lam_k = (C budget - k) / tail; lam is the
+// lam_k of the first lane with ws_k > 0 and lam_k ws_k <= 1. A few dependent float64 operations
+// where the bisection's search took ~4 us of the kernel (H200, budget < 1).
+__device__ __forceinline__ double key_one_draw_lam(double w, const double (&wc)[SC_KEY_MAX_BLOCKS], int C,
+                                                   double budget, double* sorted) {
+    const int lane = threadIdx.x & 31;
+    int rank = 0;
+#pragma unroll
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c)
+        rank += c < C && (wc[c] > w || (wc[c] == w && c < lane));
+    if (lane < SC_KEY_MAX_BLOCKS) sorted[lane] = 0.0;    // a NaN weight leaves a rank unfilled
+    __syncwarp();
+    if (lane < C) sorted[rank] = w;
+    __syncwarp();
+    double ws = 0.0, tail = 0.0;
+    if (lane < C) {
+        ws = sorted[lane];
+        for (int c = C - 1; c >= lane; --c) tail = __dadd_rn(tail, sorted[c]);
+    }
+    const double lam_k = __ddiv_rn(__dsub_rn(__dmul_rn((double)C, budget), (double)lane), ws > 0.0 ? tail : 1.0);
+    const unsigned ok = __ballot_sync(0xffffffffu, lane < C && ws > 0.0 && __dmul_rn(lam_k, ws) <= 1.0);
+    return __shfl_sync(0xffffffffu, lam_k, ok ? __ffs(ok) - 1 : 0);   // none: unreachable, not used
+}
+
 template <typename T>
 __global__ void __launch_bounds__(32)
 santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rule, int R, double budget,
@@ -181,6 +207,7 @@ santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rul
     // issued together; lane c then takes the G norms in head order. (One lane a block looping over
     // the heads, each load waiting on the last, took ~3 us of a ~12 us kernel, H200.)
     __shared__ double norms[SC_MAX_G * SC_KEY_MAX_BLOCKS];
+    __shared__ double sorted[SC_KEY_MAX_BLOCKS];          // key_one_draw_lam's weights, descending
     double w = 0.0;
     if (rule != 0) {
         const T* qg = q + (b * H + (i64)g * G) * D;
@@ -213,7 +240,9 @@ santa_key_blocks(const T* __restrict__ q, int H, int KVH, int D, int FB, int rul
     double w_min = lane < C && w > 0.0 ? w : SC_INF;
     for (int o = 16; o > 0; o >>= 1) w_min = fmin(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
     const double lam_hi = w_min == (double)SC_INF ? 0.0 : __ddiv_rn(1.0, w_min);
-    const double lam = key_read_fraction(lam_hi, wc, C, R) > budget ? key_bisect(lam_hi, wc, C, R, budget) : lam_hi;
+    double lam = lam_hi;
+    if (key_read_fraction(lam_hi, wc, C, R) > budget)     // warp-uniform
+        lam = R == 1 ? key_one_draw_lam(w, wc, C, budget, sorted) : key_bisect(lam_hi, wc, C, R, budget);
     const float pi = (float)fmin(1.0, __dmul_rn(lam, w));
     // the draws: group stream, k = (r << 32) | c
     const u64 key = head_key(seed, (u64)step[0], (u64)layer, (u64)b, SC_GROUP_UNIT | (u64)(kv_offset + g));
@@ -424,12 +453,9 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
     mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
     static_assert(16 * CompactSpan<D, BN, NG>::value <= SC_KEY_PAGE_ROWS, "a compact step lies in one page");
     CompactKeyRows<T, D, NG> K;
-    K.data = kb;
-    K.L_max = L_max;
-    K.KVH = KVH;
-    K.FB = FB;
+    K.init(kb, L_max, KVH, FB, b, g, tq);
 #pragma unroll
-    for (int k = 0; k < NG; ++k) K.goff[k] = (i64)gid[k] * 32 * SC_KEY_PAGE_ROWS;
+    for (int k = 0; k < NG; ++k) K.goff[k] = gid[k] * 32 * SC_KEY_PAGE_ROWS;
     K.pieces = mq.read_pieces();
     score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
                                                         scores, part_s);
@@ -507,10 +533,7 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
     mq.load(q, head0, lane >> 2, tq);
     mq.load_weights(wgt, FB, tq);
     SampledKeyRows<T, D> K;
-    K.data = kb;
-    K.L_max = L_max;
-    K.KVH = KVH;
-    K.FB = FB;
+    K.init(kb, L_max, KVH, FB, b, g, tq);
     K.pieces = mq.read_pieces(tq);
     score_run<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores,
                                            part_s);

@@ -14,6 +14,7 @@
 // contiguous cache (the table, a placeholder then, is not read).
 template <typename T, int D>
 struct CacheRows {
+    static constexpr bool kStepRows = false;   // KeyRun addresses its rows by step_key (HeadKeyRows: true)
     const T* data;
     const int* table;          // [B, table_stride] page ids (paged)
     i64 L_max;                 // contiguous: rows per sequence
@@ -52,6 +53,7 @@ struct CacheRows {
 // row() is the row's feature 0; piece(row, p) the p-th 16-byte piece of the row.
 template <typename T, int D>
 struct BlockedKeyRows {
+    static constexpr bool kStepRows = false;
     static constexpr int P = SC_KEY_PAGE_ROWS;
     const T* data;
     i64 L_max;

@@ -35,9 +35,9 @@ Estimators (``key_sampling``):
   fraction of K read is (blocks selected by any draw) / C.
 
 Inclusion probabilities of the block estimator, ``pi_c = min(1, lam * w_c)`` with ``lam`` chosen
-(bisection, float64) so that the expected fraction of blocks read, mean_c 1 - (1 - pi_c)**R,
-equals ``key_budget`` (or every block with w_c > 0 is taken when the budget exceeds them). Rules
-for the block weight w_c of a group (``key_rule``):
+(float64; in closed form for one draw, by bisection for R > 1) so that the expected fraction of
+blocks read, mean_c 1 - (1 - pi_c)**R, equals ``key_budget`` (or every block with w_c > 0 is taken
+when the budget exceeds them). Rules for the block weight w_c of a group (``key_rule``):
 
     "uniform": 1                      (a control: every block pi = budget)
     "qmax":    max_h ||q_h[c]||_2
@@ -64,7 +64,8 @@ For that the block probabilities are float64 arithmetic in one explicit order (t
 cuda/santa_score_keys.cu, follows it): ||q_h[c]||^2 sums the FB squares in feature order, "qrms"
 sums those over the G heads in head order; the read fraction sums its C terms in block order and
 divides by C; (1 - pi)^R is square-and-multiply (_int_power), never libm's pow; the bisection's
-mid = 0.5 * (lo + hi) and min(1, lam * w_c) are single IEEE operations.
+mid = 0.5 * (lo + hi), one draw's closed form (_one_draw_lam) and min(1, lam * w_c) are single
+IEEE operations in a stated order.
 (``u`` lies on the 2**-24 grid, so P(u < p) = ceil(p * 2**24) / 2**24: a bias below 6e-8 relative.)
 """
 
@@ -247,21 +248,44 @@ def _read_fraction(pi, R):
 
 def block_probabilities(w, budget, R=1, iterations=80):
     """Per-draw inclusion probabilities pi [..., C] float32: pi_c = min(1, lam * w_c) with lam [...]
-    by bisection so that mean_c 1 - (1 - pi_c)^R = budget (all blocks with w_c > 0 get pi = 1 when
-    that is not enough). Blocks with w_c = 0 have pi = 0: all their contributions are zero."""
+    so that mean_c 1 - (1 - pi_c)^R = budget (all blocks with w_c > 0 get pi = 1 when that is not
+    enough): in closed form for one draw (_one_draw_lam), by bisection (``iterations`` steps) for
+    R > 1. Blocks with w_c = 0 have pi = 0: all their contributions are zero."""
     w = np.asarray(w, dtype=F64)
     positive = w > 0
     w_min = np.where(positive, w, np.inf).min(axis=-1, keepdims=True)  # [..., 1]
     lam_hi = np.where(np.isfinite(w_min), 1.0 / w_min, 0.0)  # every positive block at pi = 1
     pi_hi = np.minimum(1.0, lam_hi * w)
     reachable = _read_fraction(pi_hi, R) > budget  # else take every positive block
-    lo, hi = np.zeros_like(lam_hi), lam_hi
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        over = _read_fraction(np.minimum(1.0, mid * w), R)[..., None] > budget
-        hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
-    pi = np.where(reachable[..., None], np.minimum(1.0, hi * w), pi_hi)
+    if R == 1:
+        lam = _one_draw_lam(w, budget)
+    else:
+        lo, lam = np.zeros_like(lam_hi), lam_hi
+        for _ in range(iterations):
+            mid = 0.5 * (lo + lam)
+            over = _read_fraction(np.minimum(1.0, mid * w), R)[..., None] > budget
+            lam, lo = np.where(over, mid, lam), np.where(over, lo, mid)
+    pi = np.where(reachable[..., None], np.minimum(1.0, lam * w), pi_hi)
     return pi.astype(F32)
+
+
+def _one_draw_lam(w, budget):
+    """lam [..., 1] float64 with mean_c min(1, lam w_c) = budget (one draw), where that is
+    reachable (fewer than C * budget blocks have w_c > 0 otherwise: block_probabilities then takes
+    them all). Water-filling: with the weights sorted descending, ws_0 >= ws_1 >= ..., and the k
+    largest capped at pi = 1, lam_k = (C budget - k) / tail_k, tail_k = ws_k + ... + ws_{C-1}
+    summed from the smallest; the answer is the first k with lam_k ws_k <= 1 (then
+    lam_k ws_{k-1} > 1: the k capped blocks are indeed capped). IEEE operations in the order
+    santa_key_blocks repeats (cuda/santa_score_keys.cu, key_one_draw_lam): C budget is exact (C a
+    power of two), tail sequential, one division and one product per k."""
+    C = w.shape[-1]
+    ws = -np.sort(-w, axis=-1)  # descending
+    tail = np.cumsum(ws[..., ::-1], axis=-1)[..., ::-1]  # sequential sums from ws_{C-1}
+    k = np.arange(C, dtype=F64)
+    lam_k = (C * float(budget) - k) / np.where(ws > 0, tail, 1.0)
+    ok = (ws > 0) & (lam_k * ws <= 1.0)
+    first = np.argmax(ok, axis=-1)[..., None]  # no k at all only where unreachable (not used)
+    return np.take_along_axis(lam_k, first, axis=-1)
 
 
 def _block_variance(pi, A, R, combine):

@@ -242,6 +242,32 @@ def test_block_probabilities_solve_the_budget():
     np.testing.assert_allclose((1 - (1 - pi3.astype(float)) ** 3).mean(axis=-1), 0.5, atol=1e-6)
 
 
+
+def _bisected_pi(w, budget, steps=80):
+    """One draw's pi by an 80-step bisection on lam (what block_probabilities computed before its
+    closed form): the closed form must give the same float32 pi."""
+    positive = w > 0
+    lam_hi = 1.0 / np.where(positive, w, np.inf).min(axis=-1, keepdims=True)
+    lo, hi = np.zeros_like(lam_hi), lam_hi
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        over = np.minimum(1.0, mid * w).mean(axis=-1, keepdims=True) > budget
+        hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
+    return np.minimum(1.0, hi * w).astype(np.float32)
+
+
+@pytest.mark.parametrize("C", [2, 4, 8])
+def test_one_draw_closed_form_equals_the_bisection(C):
+    rng = np.random.default_rng(C)
+    w = rng.lognormal(0.0, 1.5, size=(2000, C))
+    w[rng.random(w.shape) < 0.15] = 0.0
+    w[:100] = np.round(w[:100], 1)  # ties
+    for budget in (0.1, 0.25, 0.5, 0.8):
+        rows = (w > 0).sum(axis=-1) > C * budget  # reachable: fewer blocks would all be read
+        pi = ks.block_probabilities(w[rows], budget)
+        np.testing.assert_array_equal(pi, _bisected_pi(w[rows], budget))
+        np.testing.assert_allclose(pi.astype(float).mean(axis=-1), budget, atol=1e-6)
+
 # ----------------------------------------------------------------------- reproducibility
 
 

@@ -9,8 +9,9 @@ today on the standard layout (santa_score_mma, the automatic choice, and santa_s
 pass the blocked kernel is built like). Each line: µs per pass, K bytes read (measured from the
 blocks the draws selected), TB/s, and for the blocked pass the fraction of the proportional saving
 achieved, (t_1 - t_f) / (t_1 (1 - f)) with t_1 the time at budget 1 and f the fraction read
-(issue #17's target: >= 0.85); also santa_key_blocks' time alone in a CUDA graph (the draws:
-latency, not bytes; eager launches of it timed the host, 15-35 us). Writes stash and tile stats to scratch buffers; nothing else runs.
+(issue #17's target: >= 0.85); also the score kernel alone on the same draws (eager, with its
+own saving) and santa_key_blocks' time alone in a CUDA graph (the draws: latency, not bytes; eager
+launches of it timed the host, 15-35 us). Writes stash and tile stats to scratch buffers; nothing else runs.
 """
 
 from __future__ import annotations
@@ -97,17 +98,21 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
                           block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
-        # alone, a launch of a few microseconds: in a CUDA graph (eager launches time the host)
+        # the score kernel alone on the same draws, and santa_key_blocks alone: a launch of a few
+        # microseconds, so in a CUDA graph (eager launches time the host)
+        us_scores = time_us(cupy, lambda: kp.launch_scores(q, kb, lengths, scores, part_s), args.reps)
         us_blocks = time_cupy_graph(cupy, [lambda: kp.launch_blocks(q, step, 0)], 20, 15)[0]
         fraction = float(kp.blocks_read.sum().get()) / (B * KVH * kp.C)
         read = k_bytes * fraction
         if budget == 1.0:
-            t_full = us
-        saving = ""
+            t_full, t_full_scores = us, us_scores
+        saving = saving_scores = ""
         if t_full is not None and fraction < 1.0:
             saving = f"{(t_full - us) / (t_full * (1.0 - fraction)):7.2f}"
+            saving_scores = f", saving {(t_full_scores - us_scores) / (t_full_scores * (1.0 - fraction)):.2f}"
         print(f"{'blocked ' + kernel + ', budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
-              f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (santa_key_blocks alone {us_blocks:.1f} us, "
+              f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (score kernel alone {us_scores:.1f} us"
+              f"{saving_scores}; santa_key_blocks alone {us_blocks:.1f} us, "
               f"{kp.tiles_per_block} tiles a {'warp' if kernel == 'mma' else 'block'})")
     if t_full is None:
         print("(no budget 1.0 in --budgets: the saving needs its time)")
