@@ -82,6 +82,7 @@ __device__ __forceinline__ void load_quads(u32 (&w)[N], const void* row, int fir
 // is requested by two instructions (the contiguous slices doubled the L1 sector requests, ncu).
 template <typename T, int D, int G>
 struct MmaQuery {
+    static constexpr bool kKeyRows = false;  // heads as A's rows (KeyRowsQuery: keys)
     static constexpr bool kHi = G > 8;       // rows 8..15 of the tile hold heads too
     static constexpr int KW = D / 8;         // words of a D/4-element slice
     u32 lo[KW], hi[KW];
@@ -299,6 +300,7 @@ __device__ __forceinline__ void load_step_row(u32 (&w)[4 * NG], const CompactKey
 // those registers in local memory).
 template <typename T, int D, int G, int NG>
 struct CompactKeyQuery {
+    static constexpr bool kKeyRows = false;
     static constexpr bool kHi = G > 8;
     u32 lo[4 * NG], hi[4 * NG];
     float w[NG][2];                          // FB 32: [k][0] group gid[k]'s block; FB 16: [k][h] block 2 gid[k] + h
@@ -358,6 +360,75 @@ struct CompactKeyQuery {
     }
 };
 
+// ---- block key sampling with the keys as A's rows (santa_score_keys_mma, G <= 8) -------------
+// m16n8k16 with a step's 16 keys as the rows of A and the group's heads as the columns of B:
+// thread (gi, t)'s slices of keys gi and gi + 8 (KeyRun's n-tiles 2p and 2p + 1, as loaded) are
+// A's fragment, its words of head gi (MmaQuery's slice) B's column gi, and the product C[key][head]
+// leaves thread (gi, t) keys gi and gi + 8 of heads 2t and 2t + 1 (KeyRun::score_step with
+// kKeyRows, score_run_key_rows). For G <= 8 heads this takes half the products of the
+// heads-as-rows form (MmaQuery: 16 rows of which G hold heads), and no zero rows are rebuilt around
+// each product.
+// The NG 32-feature groups gid[k] are the ones read (compact runs) or all D / 32 of them (the
+// full-width run on SampledKeyRows, whose slice of D / 8 words is groups 0 .. D / 32 - 1 in order).
+template <typename T, int D, int G, int NG>
+struct KeyRowsQuery {
+    static constexpr bool kKeyRows = true;
+    static_assert(G <= 8, "keys as rows: the heads fit one n8 tile");
+    u32 qw[4 * NG];                          // head gi's quad t + 4 gid[k] (zeros for gi >= G)
+    float w[NG][2];                          // FB 32: [k][0] group gid[k]'s block; FB 16: [k][h] block 2 gid[k] + h
+    bool fb32;
+    int half;                                // t / 2: which FB-16 block of a group thread t's features lie in
+
+    // q [B, H, D], head0 = b * H + g * G; wgt = the group's C weights (key_weight[b, g])
+    __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t, const float* wgt, int key_block,
+                                         const int (&gid)[NG]) {
+        fb32 = key_block == 32;
+        half = t >> 1;
+        const uint4* row = reinterpret_cast<const uint4*>(q + (head0 + gi) * D);
+#pragma unroll
+        for (int k = 0; k < NG; ++k) {
+            const uint4 x = gi < G ? row[t + 4 * gid[k]] : make_uint4(0u, 0u, 0u, 0u);
+            qw[4 * k] = x.x; qw[4 * k + 1] = x.y; qw[4 * k + 2] = x.z; qw[4 * k + 3] = x.w;
+            w[k][0] = fb32 ? wgt[gid[k]] : wgt[2 * gid[k]];
+            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1];
+        }
+    }
+
+    // bit k: this thread's piece of group gid[k] lies in a read block (the rows' `pieces`)
+    __device__ __forceinline__ u32 read_pieces() const {
+        u32 bits = 0u;
+#pragma unroll
+        for (int k = 0; k < NG; ++k)
+            if ((fb32 || half == 0 ? w[k][0] : w[k][1]) != 0.f) bits |= 1u << k;
+        return bits;
+    }
+
+    // s = sum over the read blocks c of w_c (q_h[c] . k[c]) for keys gi (k0) and gi + 8 (k1):
+    // s[0], s[1] key gi, heads 2t, 2t + 1; s[2], s[3] key gi + 8. FB 16: block 2 gid + h's product
+    // takes thread t's B words where t / 2 == h, zeros elsewhere.
+    __device__ __forceinline__ void scores_rows(float (&s)[4], const u32 (&k0)[4 * NG], const u32 (&k1)[4 * NG]) const {
+        s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float wc = w[g][h];
+                if (wc == 0.f) continue;                          // warp-uniform (FB 32: w[g][1] == 0)
+                const bool mine = fb32 || half == h;
+                float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int w0 = 4 * g + 2 * e;
+                    const u32 a[4] = {k0[w0], k1[w0], k0[w0 + 1], k1[w0 + 1]};
+                    mma_16816<T>(p, a, mine ? qw[w0] : 0u, mine ? qw[w0 + 1] : 0u);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[e] = fmaf(wc, p[e], s[e]);
+            }
+        }
+    }
+};
+
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
 // -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
@@ -387,13 +458,18 @@ struct OnlineStats {
         l = fmaf(l, r, exp_stats(s0 - m)) + exp_stats(s1 - m);
     }
     // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
-    __device__ __forceinline__ void reduce_group() {
+    __device__ __forceinline__ void reduce_group() { reduce_xor<1, 4>(); }
+    // Combine with the lanes of the same t (lanes t, t + 4, .., t + 28: KeyRowsQuery's key rows).
+    __device__ __forceinline__ void reduce_rows() { reduce_xor<4, 32>(); }
+    // Combine over the lanes lane ^ o for o = kFrom, 2 kFrom, .. < kTo.
+    template <int kFrom, int kTo>
+    __device__ __forceinline__ void reduce_xor() {
         float m_all = m;
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
+        for (int off = kFrom; off < kTo; off <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
         float l_all = m == -SC_INF ? 0.f : l * __expf(m - m_all);
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, off);
+        for (int off = kFrom; off < kTo; off <<= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, off);
         m = m_all; l = l_all;
     }
 };
@@ -406,7 +482,8 @@ struct OnlineStats {
 //   for each tile i of the run: kr.score_tile(mq, i, rows of tile i, rows of tile i + 1 or an
 //                                              empty range, ..., f)
 // f(st, j, s) receives the unscaled scores s (C-fragment layout, MmaQuery::scores) of keys
-// row0 + 16 st + 8 j + [0, 8) of the tile, in step order. A step is SPAN 16-key steps (2 SPAN
+// row0 + 16 st + 8 j + [0, 8) of the tile, in step order; with a Query of kKeyRows
+// (KeyRowsQuery), f(st, 0, s) those of keys row0 + 16 st + [0, 16) (KeyRowsQuery::scores_rows). A step is SPAN 16-key steps (2 SPAN
 // n-tiles of 8 keys) of W-word slices: KeyRun's own (SPAN 1, the full D / 8 words), or
 // CompactKeyRun's (the 4 NG words of NG read feature groups, SPAN more keys in the same registers).
 // An even number of steps a tile keeps the buffer index k & 1 a compile-time st & 1 (a runtime one
@@ -480,11 +557,20 @@ struct KeyRun {
         const i64 key0 = last ? next0 : row0 + KS * (st + 1), key_end = last ? next_end : row_end;
         const i64 step0 = key0 < key_end ? key0 : (last ? next0 : row0);   // a row the step may read
         load_step(kbuf[CUR ^ 1], K, b, key0, step0, key_end, g, gi, tq);
+        if constexpr (Query::kKeyRows) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            float s[4];
-            mq.scores(s, kbuf[CUR][j]);
-            f(SPAN * st + (j >> 1), j & 1, s);
+            for (int p = 0; p < SPAN; ++p) {             // 16 keys: the n-tiles 2p (keys gi) and 2p + 1 (gi + 8)
+                float s[4];
+                mq.scores_rows(s, kbuf[CUR][2 * p], kbuf[CUR][2 * p + 1]);
+                f(SPAN * st + p, 0, s);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float s[4];
+                mq.scores(s, kbuf[CUR][j]);
+                f(SPAN * st + (j >> 1), j & 1, s);
+            }
         }
     }
 };

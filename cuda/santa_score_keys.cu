@@ -437,6 +437,53 @@ __device__ __forceinline__ void stash_zero_scores(float* scores, float4* part_s,
     }
 }
 
+// score_run (santa_score.cu) for a KeyRowsQuery (keys as A's rows, G <= 8): the same stash and
+// tile stats from its fragments. Thread (gi, t) holds keys 16 u + gi and 16 u + gi + 8 of each
+// 16-key unit u of a tile for heads 2t and 2t + 1 (those < G): it stashes them (the 8 threads of a
+// t write 32 contiguous bytes of a head's row) and keeps one OnlineStats a head, combined over
+// the 8 threads at the tile's end (OnlineStats::reduce_rows), written by the threads gi = 0.
+template <typename T, int D, int BN, int G, typename Run, typename Query, typename KRows>
+__device__ __forceinline__ void score_run_key_rows(const Query& mq, const KRows& K, int n, float scale, i64 L_max,
+                                                   int T_max, int t_begin, int t_end, i64 b, int g, i64 head0,
+                                                   float* __restrict__ scores, float4* __restrict__ part_s) {
+    const int lane = threadIdx.x & 31, gi = lane >> 2, tq = lane & 3;
+    const int h0 = 2 * tq, h1 = 2 * tq + 1;
+    const bool own0 = h0 < G, own1 = h1 < G;
+    float* stash0 = scores + (head0 + (own0 ? h0 : 0)) * L_max;
+    float* stash1 = scores + (head0 + (own1 ? h1 : 0)) * L_max;
+    Run kr;
+    const i64 first0 = (i64)t_begin * BN;
+    kr.start(K, b, first0, min(first0 + BN, (i64)n), g, gi, tq);
+    for (int t = t_begin, i = 0; t < t_end; ++t, ++i) {  // warp-uniform trip count
+        const i64 row0 = (i64)t * BN, row_end = min(row0 + BN, (i64)n);
+        const int nrows = (int)(row_end - row0);
+        const bool has_next = t + 1 < t_end;
+        const i64 next0 = has_next ? row0 + BN : row0, next_end = has_next ? min(next0 + BN, (i64)n) : row0;
+        OnlineStats st0, st1;
+        kr.score_tile(mq, i, K, b, row0, row_end, next0, next_end, g, gi, tq,
+                      [&](int u, int, const float (&acc)[4]) {
+            const int c = 16 * u + gi;                   // this thread's keys c and c + 8 of the tile
+            const bool in0 = c < nrows, in1 = c + 8 < nrows;
+            const float x0 = in0 ? acc[0] * scale : -SC_INF, x1 = in0 ? acc[1] * scale : -SC_INF;
+            const float y0 = in1 ? acc[2] * scale : -SC_INF, y1 = in1 ? acc[3] * scale : -SC_INF;
+            float* d0 = stash0 + row0 + c;
+            float* d1 = stash1 + row0 + c;
+            if (own0 && in0) d0[0] = x0;
+            if (own0 && in1) d0[8] = y0;
+            if (own1 && in0) d1[0] = x1;
+            if (own1 && in1) d1[8] = y1;
+            st0.push2(x0, y0);
+            st1.push2(x1, y1);
+        });
+        st0.reduce_rows();
+        st1.reduce_rows();
+        if (gi == 0) {
+            if (own0) part_s[(head0 + h0) * T_max + t] = make_float4(st0.m, st0.l, 0.f, 0.f);
+            if (own1) part_s[(head0 + h1) * T_max + t] = make_float4(st1.m, st1.l, 0.f, 0.f);
+        }
+    }
+}
+
 // santa_score_keys_mma's run over the NG read groups of `groups` (bits: 32-feature groups).
 template <typename T, int D, int BN, int G, int NG>
 __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 groups, const T* kb, i64 L_max,
@@ -449,16 +496,24 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
         gid[k] = __ffs(groups) - 1;
         groups &= groups - 1u;
     }
-    CompactKeyQuery<T, D, G, NG> mq;
-    mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
     static_assert(16 * CompactSpan<D, BN, NG>::value <= SC_KEY_PAGE_ROWS, "a compact step lies in one page");
     CompactKeyRows<T, D, NG> K;
     K.init(kb, L_max, KVH, FB, b, g, tq);
 #pragma unroll
     for (int k = 0; k < NG; ++k) K.goff[k] = gid[k] * 32 * SC_KEY_PAGE_ROWS;
-    K.pieces = mq.read_pieces();
-    score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
-                                                        scores, part_s);
+    if constexpr (G <= 8) {                              // keys as A's rows
+        KeyRowsQuery<T, D, G, NG> mq;
+        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+        K.pieces = mq.read_pieces();
+        score_run_key_rows<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end,
+                                                                     b, g, head0, scores, part_s);
+    } else {
+        CompactKeyQuery<T, D, G, NG> mq;
+        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+        K.pieces = mq.read_pieces();
+        score_run<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g,
+                                                            head0, scores, part_s);
+    }
 }
 
 // santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
@@ -529,13 +584,25 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
             return;
         }
     }
-    KeyWeightedQuery<T, D, G> mq;
-    mq.load(q, head0, lane >> 2, tq);
-    mq.load_weights(wgt, FB, tq);
     SampledKeyRows<T, D> K;
     K.init(kb, L_max, KVH, FB, b, g, tq);
-    K.pieces = mq.read_pieces(tq);
-    score_run<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores,
-                                           part_s);
+    if constexpr (G <= 8) {                              // keys as A's rows, every feature group in order
+        constexpr int NG = D / 32;
+        int gid[NG];
+#pragma unroll
+        for (int k = 0; k < NG; ++k) gid[k] = k;
+        KeyRowsQuery<T, D, G, NG> mq;
+        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+        K.pieces = mq.read_pieces();
+        score_run_key_rows<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
+                                                          scores, part_s);
+    } else {
+        KeyWeightedQuery<T, D, G> mq;
+        mq.load(q, head0, lane >> 2, tq);
+        mq.load_weights(wgt, FB, tq);
+        K.pieces = mq.read_pieces(tq);
+        score_run<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0, scores,
+                                               part_s);
+    }
     pdl_launch_dependents();
 }
