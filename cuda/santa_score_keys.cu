@@ -517,10 +517,13 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
 }
 
 // santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
-//   bf16, D 64 / 128, G <= 16): santa_score_mma's warp pipeline (score_run: K a 16-key step ahead
+//   bf16, D 64 / 128, G <= 16): santa_score_mma's warp pipeline (KeyRun: K a 16-key step ahead
 //   in registers across the run's tiles, scores straight to the stash and into online stats) on
 //   the blocked K, reading only the pieces of read blocks (SampledKeyRows) and adding each read
-//   block's product with its weight (KeyWeightedQuery). Grid (ceil(T_max / (4 c)), KVH, B), block
+//   block's product with its weight. G <= 8: the keys as the products' rows (KeyRowsQuery,
+//   score_run_key_rows: half the products of heads as rows; the kernel alone at B=16 32k, FB 32,
+//   H100: 402.2 -> 392.3 us reading all of K, 122.5 -> 119.1 a quarter); G > 8: the heads as rows
+//   (KeyWeightedQuery, CompactKeyQuery, score_run). Grid (ceil(T_max / (4 c)), KVH, B), block
 //   SC_NTHREADS, c = tiles_per_block here meaning tiles a warp: warp w of block x takes the run
 //   [(4 x + w) c, (4 x + w + 1) c) of (b, g)'s tiles, (b, g) = group_order[y + KVH z] (heaviest
 //   first: a quarter of K at B=16 32k, uniform rule, FB 32, took 129.6 us with the groups in id
