@@ -429,22 +429,23 @@ struct KeyRowsQuery {
     }
 };
 
-// Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
-// MmaQuery::scores): after the steps seen so far, l = sum exp(s - m). Keys past the sequence are
-// -inf and add nothing; m stays -inf until a real key arrives (no -inf - -inf).
-// push2 is what l * e^(m - m_new) + e^(s0 - m_new) + e^(s1 - m_new) computed with __expf gives,
-// bit for bit, in fewer instructions (the score passes' per-key work, where the key pass runs
-// below its bytes):
-//   - e^x by ex2.approx.ftz (exp_stats): __expf's own MUFU.EX2 without its path for results below
-//     2^-126, which cannot change l: after a push l >= 1 (the max's term is e^0 = 1 exactly);
-//   - the rescale e^(m - m_new) only where the max grew (or turned NaN): elsewhere it is e^0 = 1,
-//     and fmaf(l, 1, e0) = l + e0.
+// e^x for the online stats: ex2.approx.ftz of x log2(e), __expf's own MUFU.EX2 without its path
+// for results below 2^-126, which cannot change l (OnlineStats::push2).
 __device__ __forceinline__ float exp_stats(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
 
+// Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
+// MmaQuery::scores, or a head column of KeyRowsQuery::scores_rows): after the steps seen so far,
+// l = sum exp(s - m). Keys past the sequence are -inf and add nothing; m stays -inf until a real
+// key arrives (no -inf - -inf).
+// push2 gives what l * e^(m - m_new) + e^(s0 - m_new) + e^(s1 - m_new) computed with __expf gave,
+// bit for bit, in fewer instructions (the score passes' per-key work): after a push l >= 1 (the
+// max's term is e^0 = 1 exactly), so exp_stats' flushed results add nothing that __expf's would;
+// the rescale e^(m - m_new) is taken only where the max grew (or turned NaN): elsewhere it is
+// e^0 = 1, and fmaf(l, 1, e0) = l + e0.
 struct OnlineStats {
     float m = -SC_INF, l = 0.f;
     __device__ __forceinline__ void push2(float s0, float s1) {
