@@ -168,16 +168,19 @@ __device__ __forceinline__ double key_bisect(double lam_hi, const double (&wc)[S
 // Lane k < C takes ws_k, the k-th largest weight (w: this lane's own; ties by lane), its tail
 // ws_k + .. + ws_{C-1} summed from ws_{C-1} down, and lam_k = (C budget - k) / tail; lam is the
 // lam_k of the first lane with ws_k > 0 and lam_k ws_k <= 1. A few dependent float64 operations
-// where the bisection's search took ~4 us of the kernel (H200, budget < 1).
+// where the bisection's search took ~4 us of the kernel's 8.2 (H200, budget < 1).
 __device__ __forceinline__ double key_one_draw_lam(double w, const double (&wc)[SC_KEY_MAX_BLOCKS], int C,
                                                    double budget, double* sorted) {
     const int lane = threadIdx.x & 31;
+    // sort keys: the weights, a NaN one as -1, below every weight (a strict order: the ranks are a
+    // permutation, each slot written once; such a group's pi is NaN whatever its order)
+    const double key = isnan(w) ? -1.0 : w;
     int rank = 0;
 #pragma unroll
-    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c)
-        rank += c < C && (wc[c] > w || (wc[c] == w && c < lane));
-    if (lane < SC_KEY_MAX_BLOCKS) sorted[lane] = 0.0;    // a NaN weight leaves a rank unfilled
-    __syncwarp();
+    for (int c = 0; c < SC_KEY_MAX_BLOCKS; ++c) {
+        const double kc = isnan(wc[c]) ? -1.0 : wc[c];
+        rank += c < C && (kc > key || (kc == key && c < lane));
+    }
     if (lane < C) sorted[rank] = w;
     __syncwarp();
     double ws = 0.0, tail = 0.0;

@@ -92,9 +92,12 @@ def _score_bound(q, k, lens, weight, scale, FB):
 
 
 @pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
+# one draw (santa_key_blocks' closed form for pi) also at tied weights ("uniform") near a budget of
+# 1, and at a budget on a float32 midpoint
 @pytest.mark.parametrize("FB,R,budget,rule,combine", [(16, 1, 0.5, "qrms", "mean"), (32, 3, 0.3, "qmax", "union"),
                                                       (16, 2, 0.8, "uniform", "mean"), (16, 4, 0.25, "qmax", "mean"),
-                                                      (32, 1, 0.9, "qrms", "union")])
+                                                      (32, 1, 0.9, "qrms", "union"), (32, 1, 0.99, "uniform", "mean"),
+                                                      (16, 1, 0.5 + 2.0 ** -25, "qmax", "mean")])
 def test_blocks_bit_identical_and_scores_within_bound(dtype, D, G, block_n, FB, R, budget, rule, combine):
     """(a) + (b): pi, read and weights bit for bit; scores within the float32 bound, with NaN in
     every K byte the kernel must not read."""

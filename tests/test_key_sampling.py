@@ -244,14 +244,15 @@ def test_block_probabilities_solve_the_budget():
 
 
 def _bisected_pi(w, budget, steps=80):
-    """One draw's pi by an 80-step bisection on lam (what block_probabilities computed before its
-    closed form): the closed form must give the same float32 pi."""
+    """One draw's pi by the 80-step bisection on lam that block_probabilities ran before its
+    closed form (its read fraction, in its order): on ordinary weights the closed form must give
+    the same float32 pi."""
     positive = w > 0
     lam_hi = 1.0 / np.where(positive, w, np.inf).min(axis=-1, keepdims=True)
     lo, hi = np.zeros_like(lam_hi), lam_hi
     for _ in range(steps):
         mid = 0.5 * (lo + hi)
-        over = np.minimum(1.0, mid * w).mean(axis=-1, keepdims=True) > budget
+        over = ks._read_fraction(np.minimum(1.0, mid * w), 1)[..., None] > budget
         hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
     return np.minimum(1.0, hi * w).astype(np.float32)
 
@@ -267,6 +268,17 @@ def test_one_draw_closed_form_equals_the_bisection(C):
         pi = ks.block_probabilities(w[rows], budget)
         np.testing.assert_array_equal(pi, _bisected_pi(w[rows], budget))
         np.testing.assert_allclose(pi.astype(float).mean(axis=-1), budget, atol=1e-6)
+
+
+def test_one_draw_closed_form_is_exact_where_the_bisection_was_not():
+    """A block weight 1e-20 of the others (a near-zero query block): the bisection starts at
+    lam_hi = 1 / w_min = 1e20 and its 80 halvings end ~1e-4 wide, off the budget by ~3e-5; the
+    closed form's read fraction is the budget to float32 rounding."""
+    w = np.array([[1e-20, 1.0, 1.0, 1.0], [2e-21, 2.0, 5.0, 1.0]])
+    for budget in (0.5, 0.7):
+        closed = ks.block_probabilities(w, budget).astype(float)
+        np.testing.assert_allclose(closed.mean(axis=-1), budget, atol=1e-7)
+        assert np.abs(_bisected_pi(w, budget).astype(float).mean(axis=-1) - budget).min() > 1e-5
 
 # ----------------------------------------------------------------------- reproducibility
 
