@@ -295,23 +295,51 @@ __device__ __forceinline__ void load_step_row(u32 (&w)[4 * NG], const CompactKey
     }
 }
 
+// The Horvitz-Thompson weights of the NG 32-feature groups gid[k] a query of block key sampling
+// multiplies (CompactKeyQuery, KeyRowsQuery), and which of them thread t's piece lies in.
+template <int NG>
+struct GroupBlockWeights {
+    float w[NG][2];                          // FB 32: [k][0] group gid[k]'s block; FB 16: [k][h] block 2 gid[k] + h
+    bool fb32;
+    int half;                                // t / 2: which FB-16 block of a group thread t's features lie in
+
+    // wgt = the group's C weights (key_weight[b, g])
+    __device__ __forceinline__ void load_weights(const float* wgt, int key_block, int t, const int (&gid)[NG]) {
+        fb32 = key_block == 32;
+        half = t >> 1;
+#pragma unroll
+        for (int k = 0; k < NG; ++k) {
+            w[k][0] = fb32 ? wgt[gid[k]] : wgt[2 * gid[k]];
+            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1];
+        }
+    }
+
+    // bit k: this thread's piece of group gid[k] lies in a read block (the K rows' `pieces`)
+    __device__ __forceinline__ u32 read_pieces() const {
+        u32 bits = 0u;
+#pragma unroll
+        for (int k = 0; k < NG; ++k)
+            if ((fb32 || half == 0 ? w[k][0] : w[k][1]) != 0.f) bits |= 1u << k;
+        return bits;
+    }
+};
+
 // KeyWeightedQuery restricted to the groups gid[0..NG): their words and block weights, loaded
 // from memory (selecting them from a full query's registers by a runtime group index would put
 // those registers in local memory).
 template <typename T, int D, int G, int NG>
-struct CompactKeyQuery {
+struct CompactKeyQuery : GroupBlockWeights<NG> {
+    using GroupBlockWeights<NG>::w;
+    using GroupBlockWeights<NG>::fb32;
+    using GroupBlockWeights<NG>::half;
     static constexpr bool kKeyRows = false;
     static constexpr bool kHi = G > 8;
     u32 lo[4 * NG], hi[4 * NG];
-    float w[NG][2];                          // FB 32: [k][0] group gid[k]'s block; FB 16: [k][h] block 2 gid[k] + h
-    bool fb32;
-    int half;
 
     // q [B, H, D], head0 = b * H + g * G; wgt = the group's C weights (key_weight[b, g])
     __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t, const float* wgt, int key_block,
                                          const int (&gid)[NG]) {
-        fb32 = key_block == 32;
-        half = t >> 1;
+        this->load_weights(wgt, key_block, t, gid);
         const uint4* rlo = reinterpret_cast<const uint4*>(q + (head0 + gi) * D);
         const uint4* rhi = reinterpret_cast<const uint4*>(q + (head0 + gi + 8) * D);
 #pragma unroll
@@ -321,18 +349,7 @@ struct CompactKeyQuery {
             const uint4 y = kHi && gi + 8 < G ? rhi[piece] : make_uint4(0u, 0u, 0u, 0u);
             lo[4 * k] = x.x; lo[4 * k + 1] = x.y; lo[4 * k + 2] = x.z; lo[4 * k + 3] = x.w;
             hi[4 * k] = y.x; hi[4 * k + 1] = y.y; hi[4 * k + 2] = y.z; hi[4 * k + 3] = y.w;
-            w[k][0] = fb32 ? wgt[gid[k]] : wgt[2 * gid[k]];
-            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1];
         }
-    }
-
-    // bits k: this thread's piece of group gid[k] lies in a read block (CompactKeyRows::pieces)
-    __device__ __forceinline__ u32 read_pieces() const {
-        u32 bits = 0u;
-#pragma unroll
-        for (int k = 0; k < NG; ++k)
-            if ((fb32 || half == 0 ? w[k][0] : w[k][1]) != 0.f) bits |= 1u << k;
-        return bits;
     }
 
     // KeyWeightedQuery::scores over the compact slice k (4 NG words)
@@ -371,36 +388,24 @@ struct CompactKeyQuery {
 // The NG 32-feature groups gid[k] are the ones read (compact runs) or all D / 32 of them (the
 // full-width run on SampledKeyRows, whose slice of D / 8 words is groups 0 .. D / 32 - 1 in order).
 template <typename T, int D, int G, int NG>
-struct KeyRowsQuery {
+struct KeyRowsQuery : GroupBlockWeights<NG> {
+    using GroupBlockWeights<NG>::w;
+    using GroupBlockWeights<NG>::fb32;
+    using GroupBlockWeights<NG>::half;
     static constexpr bool kKeyRows = true;
     static_assert(G <= 8, "keys as rows: the heads fit one n8 tile");
     u32 qw[4 * NG];                          // head gi's quad t + 4 gid[k] (zeros for gi >= G)
-    float w[NG][2];                          // FB 32: [k][0] group gid[k]'s block; FB 16: [k][h] block 2 gid[k] + h
-    bool fb32;
-    int half;                                // t / 2: which FB-16 block of a group thread t's features lie in
 
     // q [B, H, D], head0 = b * H + g * G; wgt = the group's C weights (key_weight[b, g])
     __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t, const float* wgt, int key_block,
                                          const int (&gid)[NG]) {
-        fb32 = key_block == 32;
-        half = t >> 1;
+        this->load_weights(wgt, key_block, t, gid);
         const uint4* row = reinterpret_cast<const uint4*>(q + (head0 + gi) * D);
 #pragma unroll
         for (int k = 0; k < NG; ++k) {
             const uint4 x = gi < G ? row[t + 4 * gid[k]] : make_uint4(0u, 0u, 0u, 0u);
             qw[4 * k] = x.x; qw[4 * k + 1] = x.y; qw[4 * k + 2] = x.z; qw[4 * k + 3] = x.w;
-            w[k][0] = fb32 ? wgt[gid[k]] : wgt[2 * gid[k]];
-            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1];
         }
-    }
-
-    // bit k: this thread's piece of group gid[k] lies in a read block (the rows' `pieces`)
-    __device__ __forceinline__ u32 read_pieces() const {
-        u32 bits = 0u;
-#pragma unroll
-        for (int k = 0; k < NG; ++k)
-            if ((fb32 || half == 0 ? w[k][0] : w[k][1]) != 0.f) bits |= 1u << k;
-        return bits;
     }
 
     // s = sum over the read blocks c of w_c (q_h[c] . k[c]) for keys gi (k0) and gi + 8 (k1):
