@@ -133,15 +133,12 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const StreamedKe
                             K.policy);
 }
 
-// The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)):
-// piece t + 4i lies 32 i features past piece t, 32 i / FB blocks of P * FB elements on; only the
-// pieces i with bit i of `pieces` set are read (the others are zeros).
+// The D / 32 pieces p + i * (32 P) (piece t + 4 i of a row of the feature-blocked K: 32 i features
+// on, 32 i / FB blocks of P * FB elements) into w, those with `valid` and bit i of `pieces` set;
+// the others are zeros, their bytes never requested.
 template <typename T, int D>
-__device__ __forceinline__ void load_blocked_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base,
-                                                   i64 b, i64 step0, i64 key, i64 row_end, int g, int t, u32 pieces) {
-    const bool valid = key < row_end;
-    const T* p = K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t);
-    constexpr int stride = 32 * BlockedKeyRows<T, D>::P;
+__device__ __forceinline__ void load_blocked_pieces(u32 (&w)[D / 8], const T* p, bool valid, u32 pieces) {
+    constexpr int stride = 32 * SC_KEY_PAGE_ROWS;
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
         const bool read = valid && (pieces >> i & 1u);
@@ -150,10 +147,12 @@ __device__ __forceinline__ void load_blocked_slice(u32 (&w)[D / 8], const Blocke
     }
 }
 
+// The same slice of a key of a feature-blocked K (BlockedKeyRows; base = K.row(b, step0, g)).
 template <typename T, int D>
 __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKeyRows<T, D>& K, const T* base, i64 b,
                                                i64 step0, i64 key, i64 row_end, int g, int t) {
-    load_blocked_slice<T, D>(w, K, base, b, step0, key, row_end, g, t, ~0u);
+    const bool valid = key < row_end;
+    load_blocked_pieces<T, D>(w, K.piece(K.step_key(base, b, step0, valid ? key : step0, g), t), valid, ~0u);
 }
 
 // The blocked K of one (sequence, KV head) as the key pass reads it (SampledKeyRows,
@@ -162,24 +161,24 @@ __device__ __forceinline__ void load_key_slice(u32 (&w)[D / 8], const BlockedKey
 // calls load_step_row with the row r < 16 SPAN of the step). Addressing each key in 64 bits from
 // (b, key) took ~60 of the full-width pass's ~500 instructions a step (SASS, sm_90).
 template <typename T, int D>
-struct HeadKeyRows : BlockedKeyRows<T, D> {
+struct HeadKeyRows {
     static constexpr bool kStepRows = true;
+    static constexpr int P = SC_KEY_PAGE_ROWS;
     const T* head;                           // row 0, feature 0 of (b, g)
+    int FB;
     int poff;                                // thread t's piece t from its row's feature 0
 
-    __device__ __forceinline__ void init(const T* kb, i64 L_max, int KVH, int FB, i64 b, int g, int t) {
-        this->data = kb;
-        this->L_max = L_max;
-        this->KVH = KVH;
-        this->FB = FB;
-        head = BlockedKeyRows<T, D>::row(b, 0, g);
-        const int f = SC_CHUNK * t;          // BlockedKeyRows::piece
-        poff = (f & ~(FB - 1)) * this->P + (f & (FB - 1));
+    // kb, L_max, KVH, FB as BlockedKeyRows takes them; (b, g) the run's, t the thread's
+    __device__ __forceinline__ void init(const T* kb, i64 L_max, int KVH, int key_block, i64 b, int g, int t) {
+        const BlockedKeyRows<T, D> K{kb, L_max, KVH, key_block};
+        head = K.row(b, 0, g);
+        FB = key_block;
+        poff = (int)(K.piece(head, t) - head);
     }
     // row j (>= 0) of (b, g): its page, then its place in the page (b, g: the run's)
     __device__ __forceinline__ const T* row(i64, i64 j, int) const {
         const u64 jj = (u64)j;
-        return head + (i64)(jj / this->P) * (D * this->P) + (int)(jj % this->P) * this->FB;
+        return head + (i64)(jj / P) * (D * P) + (int)(jj % P) * FB;
     }
 };
 
@@ -195,14 +194,7 @@ struct SampledKeyRows : HeadKeyRows<T, D> {
 template <typename T, int D>
 __device__ __forceinline__ void load_step_row(u32 (&w)[D / 8], const SampledKeyRows<T, D>& K, const T* base, int r,
                                               bool valid) {
-    const T* p = base + r * K.FB + K.poff;
-    constexpr int stride = 32 * BlockedKeyRows<T, D>::P;
-#pragma unroll
-    for (int i = 0; i < D / 32; ++i) {
-        const bool read = valid && (K.pieces >> i & 1u);
-        const uint4 x = read ? *reinterpret_cast<const uint4*>(p + i * stride) : make_uint4(0u, 0u, 0u, 0u);
-        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
-    }
+    load_blocked_pieces<T, D>(w, base + r * K.FB + K.poff, valid, K.pieces);
 }
 
 // The query of block key sampling on tensor cores (santa_score_keys_mma): MmaQuery's slices and
