@@ -3,25 +3,32 @@
 # sampling"): tools/key_bench.py at FB 32 and 16 (B=16 32k, rule "uniform": the K pass's share of
 # the proportional saving, issue 17's >= 0.85), tools/key_class_probe.py at FB 32 (the score kernel
 # on fixed read patterns), and bench kernels' key-sampling rows beside SANTA without key sampling
-# and cuDNN. ~3 minutes on a fresh machine (the llama8b shape's modules compile first).
+# and the dense peers (cuDNN, FA2, and FlashInfer where its wheels travel in .whl/: carry it), then
+# tests/test_gpu_key_sampling.py. ~4 minutes on a fresh machine (the llama8b shape's modules
+# and FlashInfer's decode kernels compile first, side by side).
 #   bash tools/key_pass_run.sh            -> $OUT/key_pass.tgz (and the key_bench tables printed)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+. tools/gpu_check.sh            # install_wheels, start/wait_flashinfer_warm, peers
+install_wheels
+FI_WARM_TIMEOUT=${FI_WARM_TIMEOUT:-240} start_flashinfer_warm      # builds while our modules compile
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 echo "commit ${SANTA_CUPY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" >> "$OUT/gpu.txt"
 python3 tools/warm_kernel_cache.py --jobs 16 --config bfloat16,128,4 > "$OUT/warm.log" 2>&1
+wait_flashinfer_warm > "$OUT/flashinfer.txt"       # nothing else runs while the timings run
 for fb in 32 16; do
   timeout 100 python3 tools/key_bench.py --key-block $fb --kernels mma > "$OUT/key_bench_fb$fb.txt" 2>&1
 done
 timeout 100 python3 tools/key_class_probe.py 32 > "$OUT/key_class_fb32.txt" 2>&1
 M=santa-global-systematic-256-always,santa-global-systematic-256-keys95,santa-global-systematic-256-keys50fb32
-M=$M,santa-global-systematic-256-keys25fb32,torch-cudnn
+M=$M,santa-global-systematic-256-keys25fb32,$(peers)
 timeout 150 python3 bench.py kernels --shape llama8b --batch 16 --context 32k --methods $M --no-ceiling \
   --json "$OUT/kernels_keys.json" --markdown "$OUT/kernels_keys.md" > /dev/null 2> "$OUT/kernels_keys.err"
+timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_key_sampling.py > "$OUT/key_tests.txt" 2>&1
 tar -czf "$OUT/key_pass.tgz" -C "$OUT" gpu.txt key_bench_fb32.txt key_bench_fb16.txt key_class_fb32.txt \
-  kernels_keys.json kernels_keys.md kernels_keys.err
-rm -f "$OUT"/key_bench_fb*.txt "$OUT"/key_class_fb32.txt "$OUT"/kernels_keys.* "$OUT/warm.log"
-cat "$OUT/gpu.txt"
+  kernels_keys.json kernels_keys.md kernels_keys.err flashinfer.txt key_tests.txt
+rm -f "$OUT"/key_bench_fb*.txt "$OUT"/key_class_fb32.txt "$OUT"/kernels_keys.* "$OUT/warm.log" "$OUT"/key_tests.txt
+cat "$OUT/gpu.txt" "$OUT/flashinfer.txt"; tail -1 "$OUT/key_tests.txt"
 tar -xzOf "$OUT/key_pass.tgz" key_bench_fb32.txt key_bench_fb16.txt | grep "blocked\|standard: santa_score_mma"
 tar -xzOf "$OUT/key_pass.tgz" kernels_keys.md | grep "^| llama"
