@@ -281,6 +281,40 @@ def test_runs_of_tiles_a_block(runs, FB, score_kernel):
             assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("runs", [1, 2, 3])
+def test_tile_stats_at_three_quarters_of_k(block_n, runs):
+    """santa_score_keys_mma where most groups read three of their four 32-feature blocks (FB 32,
+    D 128, uniform budget 3/4: the full-width run with one group's pieces off) beside groups that
+    read two or four: runs of 1-3 tiles a warp, lengths ending inside a step, a tile and a run, NaN
+    in every K byte the kernel must not read; the stash, and each tile's max and exp-sum, against
+    the reference."""
+    from tests.gpu_util import make_plan
+    dtype, D, G, FB = "bfloat16", 128, 4, 32
+    lengths = [5 * block_n + 3, 1, 2 * block_n, 3 * block_n - 7, 77, 16]
+    q, k, v, lens = _case(dtype, D, G, block_n, lengths, seed=runs, KVH=4)
+    setting = _setting(block_n, key_block=FB, key_budget=0.75, key_rule="uniform", key_draws=1)
+    want, ref = _reference(q, k, lens, setting, step=0, layer=1)
+    groups = ref.read.sum(-1)                                        # FB 32: a block is a feature group
+    assert (groups == 3).sum() >= 4 and {2, 4}.issubset(set(groups.ravel())), groups
+    B, H, _ = q.shape
+    plan = make_plan(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=k.shape[1], dtype=dtype,
+                     setting=setting, key_layout="blocked", tiles_per_warp=runs, stash_l2_max_bytes=0)
+    assert plan.key_pass.tiles_per_block == runs and plan.key_pass.score_kernel == "mma"
+    plan.run(*to_gpu(q, _poisoned_blocked(k, FB, lens, ref.read, NAN_BITS[dtype]), v, lens), layer=1)
+    got, part_s = plan.scores.get(), plan.part_s.get()
+    bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
+    for b, n in enumerate(lens):
+        assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
+        err = np.abs(got[b, :, :n] - want[b, :, :n])
+        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+        for t in range(-(-n // block_n)):
+            tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
+            m = tile.max(-1)
+            assert np.allclose(part_s[b, :, t, 0], m, rtol=1e-5, atol=1e-4), (b, t)
+            assert np.allclose(part_s[b, :, t, 1], np.exp(tile - m[:, None]).sum(-1), rtol=1e-4), (b, t)
+
+
 @pytest.mark.parametrize("FB,D", [(16, 128), (32, 128), (32, 64)])
 def test_launch_order_heaviest_group_first(FB, D):
     """santa_key_blocks' group_order (santa_score_keys_mma's launch order): the (sequence, KV head)
