@@ -7,7 +7,12 @@
 # tests/test_gpu_key_sampling.py. ~4 minutes on a fresh machine (the llama8b shape's modules
 # and FlashInfer's decode kernels compile first, side by side).
 #   bash tools/key_pass_run.sh            -> $OUT/key_pass.tgz (and the key_bench tables printed)
+# REQUIRE_GPU=H200: stop at once (exit 3) unless the card's name holds it (a kind that may start
+# either card then costs only the start).
 set -u
+if [ -n "${REQUIRE_GPU:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$REQUIRE_GPU"; then
+  echo "needs $REQUIRE_GPU, got: $(nvidia-smi --query-gpu=name --format=csv,noheader)"; exit 3
+fi
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 . tools/gpu_check.sh            # install_wheels, start/wait_flashinfer_warm, peers
