@@ -27,13 +27,14 @@ for fb in 32 16; do
 done
 timeout 100 python3 tools/key_class_probe.py 32 > "$OUT/key_class_fb32.txt" 2>&1
 M=santa-global-systematic-256-always,santa-global-systematic-256-keys95,santa-global-systematic-256-keys50fb32
-M=$M,santa-global-systematic-256-keys25fb32,$(peers)
+M=$M,santa-global-systematic-256-keys75fb32,santa-global-systematic-256-keys25fb32,$(peers)
 timeout 150 python3 bench.py kernels --shape llama8b --batch 16 --context 32k --methods $M --no-ceiling \
   --json "$OUT/kernels_keys.json" --markdown "$OUT/kernels_keys.md" > /dev/null 2> "$OUT/kernels_keys.err"
 timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_key_sampling.py > "$OUT/key_tests.txt" 2>&1
 tar -czf "$OUT/key_pass.tgz" -C "$OUT" gpu.txt key_bench_fb32.txt key_bench_fb16.txt key_class_fb32.txt \
   kernels_keys.json kernels_keys.md kernels_keys.err flashinfer.txt key_tests.txt
-rm -f "$OUT"/key_bench_fb*.txt "$OUT"/key_class_fb32.txt "$OUT"/kernels_keys.* "$OUT/warm.log" "$OUT"/key_tests.txt
 cat "$OUT/gpu.txt" "$OUT/flashinfer.txt"; tail -1 "$OUT/key_tests.txt"
+rm -f "$OUT"/key_bench_fb*.txt "$OUT"/key_class_fb32.txt "$OUT"/kernels_keys.* "$OUT/warm.log" "$OUT"/key_tests.txt \
+  "$OUT/flashinfer.txt"
 tar -xzOf "$OUT/key_pass.tgz" key_bench_fb32.txt key_bench_fb16.txt | grep "blocked\|standard: santa_score_mma"
 tar -xzOf "$OUT/key_pass.tgz" kernels_keys.md | grep "^| llama"
