@@ -537,14 +537,22 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
 //   which measured 2-14% slower than the unrolled kernel; capped, it spills 40-52 bytes and
 //   measured faster where blocks go unread (B=16 32k, FB 32: K pass at half / a quarter of K
 //   186.3 -> 175.9 / 125.0 -> 114.8 us), 1% slower reading all of K (289.8 -> 293.0).
-template <typename T, int D, int BN, int G>
+//   KB: 0, the key block FB is the argument key_block (the instance plans launch); 16 or 32, a
+//   constant (KernelChoice.fixed_key_block, not yet measured on a GPU): the same operations for
+//   that FB with its branches folded away. Static SASS (sm_90, bf16 D 128 G 4), KB 0 -> 32: 5280
+//   -> 3848 instructions, no spills (56 bytes before), a full-width step pair 580 -> 432, a tile
+//   of the one-group run 1067 -> 851, of the two-group run 1769 -> 1128; KB 16: 4592, 1067 -> 973,
+//   1769 -> 1429.
+template <typename T, int D, int BN, int G, int KB>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 8 ? 4 : 1)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
-                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int FB,
+                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int key_block,
                      const float* __restrict__ key_weight, const int* __restrict__ group_order,
                      float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
+    const int FB = KB != 0 ? KB : key_block;
     static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
+    static_assert(KB == 0 || KB == 16 || KB == 32, "key block: 16 or 32 features, or 0 (key_block's)");
     static_assert(G >= 1 && G <= 16, "mma key scores: one m16 tile of heads");
     // The blocks of (y, z) slot s = y + KVH z are dispatched in slot order; slot s takes group
     // group_order[s] (santa_key_blocks: heaviest first, so that no heavy group's blocks start last)

@@ -88,6 +88,9 @@ class KernelChoice:
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
         launches plainly), plainly (False), or None: as the process-wide
         ``kernels.set_programmatic_launch`` says at each launch.
+    fixed_key_block: block key sampling's tensor-core pass as the instance whose key block is a
+        compile-time constant (santa_score_keys_mma<..., FB>: fewer instructions, the same
+        operations); False: the one instance taking it as an argument. Not yet timed on a GPU.
     """
 
     dense_kernel: str = "auto"
@@ -102,6 +105,7 @@ class KernelChoice:
     merge_wide: bool | None = None
     programmatic: bool | None = None
     stash_l2_max_bytes: int | None = None
+    fixed_key_block: bool = False
 
     def __post_init__(self):
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
@@ -121,6 +125,8 @@ class KernelChoice:
             value = getattr(self, name)
             if not (value is None or isinstance(value, bool)):
                 raise ValueError(f"{name} must be None, True or False, got {value!r}")
+        if not isinstance(self.fixed_key_block, bool):
+            raise ValueError(f"fixed_key_block must be True or False, got {self.fixed_key_block!r}")
 
 
 @dataclass(frozen=True)

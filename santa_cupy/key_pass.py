@@ -84,13 +84,15 @@ class KeyScorePass:
     (tensor cores; one warp a run, 4 a block).
     tiles_per_block: that run's tiles (the block's, or with "mma" the warp's); None: fitted
     (fit_tiles_per_block, kernels.tiles_per_warp).
+    fixed_key_block: with "mma", the instance whose key block is a compile-time constant
+    (KernelChoice.fixed_key_block).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
-                 head_offset=0, tiles_per_block=None, score_kernel="auto"):
+                 head_offset=0, tiles_per_block=None, score_kernel="auto", fixed_key_block=False):
         import cupy
 
         group = heads // kv_heads
@@ -107,7 +109,15 @@ class KeyScorePass:
         self.kernels = kernels.get_kernels(dtype, head_dim, group, block_n, "santa")
         spec.check_choice("score_kernel", score_kernel, _kernel_choice.SCORE_KERNELS)
         self.score_kernel = _kernel_choice.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
-        self._score = self.kernels.score_keys_mma if self.score_kernel == "mma" else self.kernels.score_keys
+        if fixed_key_block and self.score_kernel != "mma":
+            raise ValueError("fixed_key_block needs the tensor-core pass (score_kernel 'mma' or 'auto' where it "
+                             f"exists), got score_kernel={score_kernel!r} at dtype={dtype!r}, head_dim={head_dim}")
+        self.fixed_key_block = bool(fixed_key_block)
+        if self.score_kernel != "mma":
+            self._score = self.kernels.score_keys
+        else:
+            self._score = getattr(self.kernels, f"score_keys_mma_fb{self.FB}") if fixed_key_block \
+                else self.kernels.score_keys_mma
         attrs = cupy.cuda.Device().attributes
         slots = kernels.resident_blocks(self._score, kernels.THREADS, 0, attrs) * attrs["MultiProcessorCount"]
         if tiles_per_block:

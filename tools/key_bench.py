@@ -47,8 +47,9 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma"),
-                    help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma")
+    ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma", "mma_fixed"),
+                    help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma, "
+                         "santa_score_keys_mma with the key block a constant (KernelChoice.fixed_key_block)")
     ap.add_argument("--rule", default="uniform", choices=("uniform", "qmax", "qrms"),
                     help="the blocks' inclusion rule (uniform: pi = budget, no search; qmax / qrms: "
                          "santa_key_blocks bisects for the budget)")
@@ -96,7 +97,8 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         setting = AttentionSetting(block_n=args.block_n, key_sampling="bernoulli_block", key_block=FB,
                                    key_budget=budget, key_rule=args.rule)
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
-                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
+                          block_n=args.block_n, setting=setting, scale=scale,
+                          score_kernel=kernel.removesuffix("_fixed"), fixed_key_block=kernel == "mma_fixed")
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         # the score kernel alone on the same draws, and santa_key_blocks alone: a launch of a few
         # microseconds, so in a CUDA graph (eager launches time the host)
@@ -113,7 +115,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         print(f"{'blocked ' + kernel + ', budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
               f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (score kernel alone {us_scores:.1f} us"
               f"{saving_scores}; santa_key_blocks alone {us_blocks:.1f} us, "
-              f"{kp.tiles_per_block} tiles a {'warp' if kernel == 'mma' else 'block'})")
+              f"{kp.tiles_per_block} tiles a {'block' if kernel == 'stream' else 'warp'})")
     if t_full is None:
         print("(no budget 1.0 in --budgets: the saving needs its time)")
 
