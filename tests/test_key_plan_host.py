@@ -286,3 +286,22 @@ def test_balanced_tiles_per_warp():
     assert balanced_tiles_per_warp(1024, 128, slots) == 16        # 128k: the fit already fills 4 waves
     assert balanced_tiles_per_warp(256, 8, slots) == 1 and balanced_tiles_per_warp(3, 2, slots) == 1
     assert balanced_tiles_per_warp(256, 128, slots, waves=1) == 16 and KEY_RUN_WAVES == 4
+
+
+@pytest.mark.parametrize("FB", [16, 32])
+def test_fixed_key_block_option(launches, FB):
+    """KernelChoice.fixed_key_block: the key pass launches santa_score_keys_mma's instance for its
+    key block (the launch checked against the C declaration like every other); off (the default)
+    the instance taking it as an argument; refused without the tensor-core pass."""
+    q, kb, v, lengths = blocked_inputs(FB)
+    setting = AttentionSetting.parse(KEYS).replace(key_block=FB)
+    p = plan(setting, _kernels=KernelChoice(fixed_key_block=True))
+    assert p.key_pass.fixed_key_block and p.key_pass._score is getattr(p.key_pass.kernels, f"score_keys_mma_fb{FB}")
+    p.run(q, kb, v, lengths, layer=0)
+    assert [name for name, *_ in launches][:2] == ["santa_key_blocks", "santa_score_keys_mma"]
+    default = plan(setting)
+    assert not default.key_pass.fixed_key_block and default.key_pass._score is default.key_pass.kernels.score_keys_mma
+    with pytest.raises(ValueError, match="fixed_key_block needs the tensor-core pass"):
+        plan(setting, _kernels=KernelChoice(fixed_key_block=True, score_kernel="stream"))
+    with pytest.raises(ValueError, match="fixed_key_block must be True or False"):
+        KernelChoice(fixed_key_block=1)
