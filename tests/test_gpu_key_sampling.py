@@ -91,6 +91,28 @@ def _score_bound(q, k, lens, weight, scale, FB):
     return (2 * (2 * (D + 8) + 3) * F32_U) * A + 1e-30
 
 
+def _assert_within_bound(got, want, bound, lens, finite=True):
+    """Each sequence's stash rows j < n against the reference within the float32 bound (finite:
+    also no NaN, which only a K byte the kernel must skip can bring where K is poisoned)."""
+    for b, n in enumerate(lens):
+        if finite:
+            assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
+        err = np.abs(got[b, :, :n] - want[b, :, :n])
+        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+
+
+def _assert_tile_stats(part_s, want, lens, block_n, exp_sum=False):
+    """part_s [B, H, T, 4]: each tile's max (and with exp_sum its sum of exp(s - max)) as the
+    reference's scores give them."""
+    for b, n in enumerate(lens):
+        for t in range(-(-n // block_n)):
+            tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
+            m = tile.max(-1)
+            assert np.allclose(part_s[b, :, t, 0], m, rtol=1e-5, atol=1e-4), (b, t)
+            if exp_sum:
+                assert np.allclose(part_s[b, :, t, 1], np.exp(tile - m[:, None]).sum(-1), rtol=1e-4), (b, t)
+
+
 @pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
 # one draw (santa_key_blocks' closed form for pi) also at tied weights ("uniform") near a budget of
 # 1, and at a budget on a float32 midpoint
@@ -114,10 +136,8 @@ def test_blocks_bit_identical_and_scores_within_bound(dtype, D, G, block_n, FB, 
     assert info.key_fraction == pytest.approx(ref.key_fraction, rel=1e-12)
     bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
     for b, n in enumerate(lens):
-        assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
         assert (got[b, :, n:] == -np.inf).all()
-        err = np.abs(got[b, :, :n] - want[b, :, :n])
-        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+    _assert_within_bound(got, want, bound, lens)
 
 
 @pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
@@ -141,10 +161,7 @@ def test_compact_runs_when_few_groups_are_read(dtype, D, G, block_n, FB):
     for b, g in zip(*np.nonzero(groups == 0)):                 # no block read: exact zeros
         assert (got[b, g * G:(g + 1) * G, :lens[b]] == 0).all(), f"b={b} g={g}: a group that reads nothing"
     bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
-    for b, n in enumerate(lens):
-        assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
-        err = np.abs(got[b, :, :n] - want[b, :, :n])
-        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
+    _assert_within_bound(got, want, bound, lens)
 
 
 @pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
@@ -273,12 +290,8 @@ def test_runs_of_tiles_a_block(runs, FB, score_kernel):
     want, ref = _reference(q, k, lens, setting, step=0, layer=1)
     got, part_s = plan.scores.get(), plan.part_s.get()
     bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
-    for b, n in enumerate(lens):
-        err = np.abs(got[b, :, :n] - want[b, :, :n])
-        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
-        for t in range(-(-n // block_n)):
-            tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
-            assert np.allclose(part_s[b, :, t, 0], tile.max(-1), rtol=1e-5, atol=1e-4)
+    _assert_within_bound(got, want, bound, lens, finite=False)
+    _assert_tile_stats(part_s, want, lens, block_n)
 
 
 @pytest.mark.parametrize("block_n", [64, 128])
@@ -304,15 +317,8 @@ def test_tile_stats_at_three_quarters_of_k(block_n, runs):
     plan.run(*to_gpu(q, _poisoned_blocked(k, FB, lens, ref.read, NAN_BITS[dtype]), v, lens), layer=1)
     got, part_s = plan.scores.get(), plan.part_s.get()
     bound = _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB)
-    for b, n in enumerate(lens):
-        assert np.isfinite(got[b, :, :n]).all(), "the kernel read a NaN: a K byte it must skip"
-        err = np.abs(got[b, :, :n] - want[b, :, :n])
-        assert (err <= bound[b, :, :n]).all(), f"b={b}: worst {float((err / bound[b, :, :n]).max()):.3g} x bound"
-        for t in range(-(-n // block_n)):
-            tile = want[b, :, t * block_n:min(n, (t + 1) * block_n)]
-            m = tile.max(-1)
-            assert np.allclose(part_s[b, :, t, 0], m, rtol=1e-5, atol=1e-4), (b, t)
-            assert np.allclose(part_s[b, :, t, 1], np.exp(tile - m[:, None]).sum(-1), rtol=1e-4), (b, t)
+    _assert_within_bound(got, want, bound, lens)
+    _assert_tile_stats(part_s, want, lens, block_n, exp_sum=True)
 
 
 @pytest.mark.parametrize("FB,D", [(16, 128), (32, 128), (32, 64)])
