@@ -296,13 +296,14 @@ struct GroupBlockWeights {
     int half;                                // t / 2: which FB-16 block of a group thread t's features lie in
 
     // wgt = the group's C weights (key_weight[b, g])
-    __device__ __forceinline__ void load_weights(const float* wgt, int key_block, int t, const int (&gid)[NG]) {
+    __device__ __forceinline__ void load_weights(const float* wgt, int key_block, int t, const int (&gid)[NG],
+                                                 float scale = 1.f) {
         fb32 = key_block == 32;
         half = t >> 1;
 #pragma unroll
         for (int k = 0; k < NG; ++k) {
-            w[k][0] = fb32 ? wgt[gid[k]] : wgt[2 * gid[k]];
-            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1];
+            w[k][0] = (fb32 ? wgt[gid[k]] : wgt[2 * gid[k]]) * scale;
+            w[k][1] = fb32 ? 0.f : wgt[2 * gid[k] + 1] * scale;
         }
     }
 
@@ -388,10 +389,11 @@ struct KeyRowsQuery : GroupBlockWeights<NG> {
     static_assert(G <= 8, "keys as rows: the heads fit one n8 tile");
     u32 qw[4 * NG];                          // head gi's quad t + 4 gid[k] (zeros for gi >= G)
 
-    // q [B, H, D], head0 = b * H + g * G; wgt = the group's C weights (key_weight[b, g])
+    // q [B, H, D], head0 = b * H + g * G; wgt = the group's C weights (key_weight[b, g]), each
+    // times `scale` here, so that scores_rows gives the scaled scores
     __device__ __forceinline__ void load(const T* q, i64 head0, int gi, int t, const float* wgt, int key_block,
-                                         const int (&gid)[NG]) {
-        this->load_weights(wgt, key_block, t, gid);
+                                         const int (&gid)[NG], float scale) {
+        this->load_weights(wgt, key_block, t, gid, scale);
         const uint4* row = reinterpret_cast<const uint4*>(q + (head0 + gi) * D);
 #pragma unroll
         for (int k = 0; k < NG; ++k) {
@@ -428,9 +430,17 @@ struct KeyRowsQuery : GroupBlockWeights<NG> {
 
 // e^x for the online stats: ex2.approx.ftz of x log2(e), __expf's own MUFU.EX2 without its path
 // for results below 2^-126, which cannot change l (OnlineStats::push2).
+constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float exp_stats(float x) {
     float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
+    return y;
+}
+
+// 2^x, ex2.approx.ftz (exp_stats without the log2(e)).
+__device__ __forceinline__ float ex2_stats(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 
@@ -445,6 +455,7 @@ __device__ __forceinline__ float exp_stats(float x) {
 // e^0 = 1, and fmaf(l, 1, e0) = l + e0.
 struct OnlineStats {
     float m = -SC_INF, l = 0.f;
+    float mk = -SC_INF;                      // m log2(e) (push2_log2)
     __device__ __forceinline__ void push2(float s0, float s1) {
         const float m_new = max_nan(m, max_nan(s0, s1));   // a NaN score makes l NaN (santa_score_mma)
         if (m_new == -SC_INF) return;
@@ -454,6 +465,20 @@ struct OnlineStats {
             m = m_new;
         }
         l = fmaf(l, r, exp_stats(s0 - m)) + exp_stats(s1 - m);
+    }
+    // push2 with each e^(s - m) as 2^(s log2(e) - mk), mk = m log2(e) kept beside m: one FFMA a
+    // score instead of push2's FADD and FMUL (santa_score_keys_mma's per-key work), the same l up
+    // to rounding (mk's own, ~|m| 2^-24). The reduce_* functions leave mk stale: no push after them.
+    __device__ __forceinline__ void push2_log2(float s0, float s1) {
+        const float m_new = max_nan(m, max_nan(s0, s1));
+        if (m_new == -SC_INF) return;
+        float r = 1.f;
+        if (!(m_new <= m)) {
+            r = exp_stats(m - m_new);
+            m = m_new;
+            mk = m * kLog2e;
+        }
+        l = fmaf(l, r, ex2_stats(fmaf(s0, kLog2e, -mk))) + ex2_stats(fmaf(s1, kLog2e, -mk));
     }
     // Combine with the other 3 threads of the lane's group (lanes 4 gi .. 4 gi + 3).
     __device__ __forceinline__ void reduce_group() { reduce_xor<1, 4>(); }

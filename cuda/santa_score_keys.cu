@@ -446,7 +446,7 @@ __device__ __forceinline__ void stash_zero_scores(float* scores, float4* part_s,
 // t write 32 contiguous bytes of a head's row) and keeps one OnlineStats a head, combined over
 // the 8 threads at the tile's end (OnlineStats::reduce_rows), written by the threads gi = 0.
 template <typename T, int D, int BN, int G, typename Run, typename Query, typename KRows>
-__device__ __forceinline__ void score_run_key_rows(const Query& mq, const KRows& K, int n, float scale, i64 L_max,
+__device__ __forceinline__ void score_run_key_rows(const Query& mq, const KRows& K, int n, i64 L_max,
                                                    int T_max, int t_begin, int t_end, i64 b, int g, i64 head0,
                                                    float* __restrict__ scores, float4* __restrict__ part_s) {
     const int lane = threadIdx.x & 31, gi = lane >> 2, tq = lane & 3;
@@ -467,16 +467,16 @@ __device__ __forceinline__ void score_run_key_rows(const Query& mq, const KRows&
                       [&](int u, int, const float (&acc)[4]) {
             const int c = 16 * u + gi;                   // this thread's keys c and c + 8 of the tile
             const bool in0 = c < nrows, in1 = c + 8 < nrows;
-            const float x0 = in0 ? acc[0] * scale : -SC_INF, x1 = in0 ? acc[1] * scale : -SC_INF;
-            const float y0 = in1 ? acc[2] * scale : -SC_INF, y1 = in1 ? acc[3] * scale : -SC_INF;
+            const float x0 = in0 ? acc[0] : -SC_INF, x1 = in0 ? acc[1] : -SC_INF;   // scaled: mq's weights
+            const float y0 = in1 ? acc[2] : -SC_INF, y1 = in1 ? acc[3] : -SC_INF;
             float* d0 = stash0 + row0 + c;
             float* d1 = stash1 + row0 + c;
             if (own0 && in0) d0[0] = x0;
             if (own0 && in1) d0[8] = y0;
             if (own1 && in0) d1[0] = x1;
             if (own1 && in1) d1[8] = y1;
-            st0.push2(x0, y0);
-            st1.push2(x1, y1);
+            st0.push2_log2(x0, y0);
+            st1.push2_log2(x1, y1);
         });
         st0.reduce_rows();
         st1.reduce_rows();
@@ -506,9 +506,9 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
     for (int k = 0; k < NG; ++k) K.goff[k] = gid[k] * 32 * SC_KEY_PAGE_ROWS;
     if constexpr (G <= 8) {                              // keys as A's rows
         KeyRowsQuery<T, D, G, NG> mq;
-        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid, scale);
         K.pieces = mq.read_pieces();
-        score_run_key_rows<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, scale, L_max, T_max, t_begin, t_end,
+        score_run_key_rows<T, D, BN, G, CompactKeyRun<T, D, BN, NG>>(mq, K, n, L_max, T_max, t_begin, t_end,
                                                                      b, g, head0, scores, part_s);
     } else {
         CompactKeyQuery<T, D, G, NG> mq;
@@ -519,7 +519,7 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
     }
 }
 
-// santa_score_keys_mma<T, D, BN, G>: santa_score_keys on tensor cores (the production pass; fp16 /
+// santa_score_keys_mma<T, D, BN, G, FB>: santa_score_keys on tensor cores (the production pass; fp16 /
 //   bf16, D 64 / 128, G <= 16): santa_score_mma's warp pipeline (KeyRun: K a 16-key step ahead
 //   in registers across the run's tiles, scores straight to the stash and into online stats) on
 //   the blocked K, reading only the pieces of read blocks (SampledKeyRows) and adding each read
@@ -537,22 +537,21 @@ __device__ __forceinline__ void score_compact(const T* q, const float* wgt, u32 
 //   which measured 2-14% slower than the unrolled kernel; capped, it spills 40-52 bytes and
 //   measured faster where blocks go unread (B=16 32k, FB 32: K pass at half / a quarter of K
 //   186.3 -> 175.9 / 125.0 -> 114.8 us), 1% slower reading all of K (289.8 -> 293.0).
-//   KB: 0, the key block FB is the argument key_block (the instance plans launch); 16 or 32, a
-//   constant (KernelChoice.fixed_key_block, not yet measured on a GPU): the same operations for
-//   that FB with its branches folded away. Static SASS (sm_90, bf16 D 128 G 4), KB 0 -> 32: 5280
-//   -> 3848 instructions, no spills (56 bytes before), a full-width step pair 580 -> 432, a tile
-//   of the one-group run 1067 -> 851, of the two-group run 1769 -> 1128; KB 16: 4592, 1067 -> 973,
-//   1769 -> 1429.
-template <typename T, int D, int BN, int G, int KB>
+//   FB, the key block (16 or 32), is a template constant, so its branches fold away: static SASS
+//   (sm_90, bf16 D 128 G 4) with FB an argument instead was 5280 instructions and spilled 56
+//   bytes, against 3848 and none at FB 32 (a full-width step pair 580 -> 432, a tile of the
+//   one-group run 1067 -> 851, of the two-group run 1769 -> 1128). The scale rides in the
+//   key-rows weights and the online stats take e^(s - m) as one FFMA and ex2 (push2_log2):
+//   432 -> 404, 851 -> 799, 1128 -> 1086.
+template <typename T, int D, int BN, int G, int FB>
 __global__ void __launch_bounds__(SC_NTHREADS, G <= 8 ? 4 : 1)
 santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const int* __restrict__ lengths, float scale,
-                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block, int key_block,
+                     int H, int KVH, i64 L_max, int T_max, int tiles_per_block,
                      const float* __restrict__ key_weight, const int* __restrict__ group_order,
                      float* __restrict__ scores, float4* __restrict__ part_s) {
     pdl_wait();                           // before reading an earlier kernel's output (dependents: at the end)
-    const int FB = KB != 0 ? KB : key_block;
     static_assert(D == 64 || D == 128, "mma key scores: head_dim 64 or 128");
-    static_assert(KB == 0 || KB == 16 || KB == 32, "key block: 16 or 32 features, or 0 (key_block's)");
+    static_assert(FB == 16 || FB == 32, "key block: 16 or 32 features");
     static_assert(G >= 1 && G <= 16, "mma key scores: one m16 tile of heads");
     // The blocks of (y, z) slot s = y + KVH z are dispatched in slot order; slot s takes group
     // group_order[s] (santa_key_blocks: heaviest first, so that no heavy group's blocks start last)
@@ -606,9 +605,9 @@ santa_score_keys_mma(const T* __restrict__ q, const T* __restrict__ kb, const in
 #pragma unroll
         for (int k = 0; k < NG; ++k) gid[k] = k;
         KeyRowsQuery<T, D, G, NG> mq;
-        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid);
+        mq.load(q, head0, lane >> 2, tq, wgt, FB, gid, scale);
         K.pieces = mq.read_pieces();
-        score_run_key_rows<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, scale, L_max, T_max, t_begin, t_end, b, g, head0,
+        score_run_key_rows<T, D, BN, G, KeyRun<T, D, BN>>(mq, K, n, L_max, T_max, t_begin, t_end, b, g, head0,
                                                           scores, part_s);
     } else {
         KeyWeightedQuery<T, D, G> mq;

@@ -88,9 +88,6 @@ class KernelChoice:
     programmatic: launch with programmatic dependent launch (sm_90+; where unavailable the plan
         launches plainly), plainly (False), or None: as the process-wide
         ``kernels.set_programmatic_launch`` says at each launch.
-    fixed_key_block: block key sampling's tensor-core pass as the instance whose key block is a
-        compile-time constant (santa_score_keys_mma<..., FB>: fewer instructions, the same
-        operations); False: the one instance taking it as an argument. Not yet timed on a GPU.
     """
 
     dense_kernel: str = "auto"
@@ -105,7 +102,6 @@ class KernelChoice:
     merge_wide: bool | None = None
     programmatic: bool | None = None
     stash_l2_max_bytes: int | None = None
-    fixed_key_block: bool = False
 
     def __post_init__(self):
         spec.check_choice("dense_kernel", self.dense_kernel, DENSE_KERNELS)
@@ -121,7 +117,7 @@ class KernelChoice:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
                 what = "None (automatic) or an integer" if automatic else "an integer"
                 raise ValueError(f"{name} must be {what} >= {low}, got {value!r}")
-        for name, automatic in (("merge_wide", True), ("programmatic", True), ("fixed_key_block", False)):
+        for name, automatic in (("merge_wide", True), ("programmatic", True)):
             value = getattr(self, name)
             if not (isinstance(value, bool) or automatic and value is None):
                 raise ValueError(f"{name} must be {'None, ' if automatic else ''}True or False, got {value!r}")

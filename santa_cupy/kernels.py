@@ -107,8 +107,7 @@ def instance_names(dtype_name: str, head_dim: int, group: int, role: str) -> dic
         names["key_blocks"] = f"santa_key_blocks<{t}>"
         names["score_keys"] = f"santa_score_keys<{t}, {d}, {bn}, {g}>"
         if mma_supported(dtype_name, head_dim):          # the tensor-core pass (G <= 16: GROUPS)
-            names["score_keys_mma"] = f"santa_score_keys_mma<{t}, {d}, {bn}, {g}, 0>"   # FB an argument
-            for fb in spec.KEY_BLOCKS:                   # the key block a constant: fixed_key_block
+            for fb in spec.KEY_BLOCKS:                   # one instance a key block (a template constant)
                 names[f"score_keys_mma_fb{fb}"] = f"santa_score_keys_mma<{t}, {d}, {bn}, {g}, {fb}>"
     if group <= WARP_TILE_MAX_G and mma_supported(dtype_name, head_dim):   # they follow / use the mma scores
         names["one_pass"] = f"santa_one_pass<{t}, {d}, {bn}, {g}>"          # the one-pass budget's kernel
@@ -249,7 +248,6 @@ class KernelSet:
     prefix: object = None
     key_blocks: object = None
     score_keys: object = None
-    score_keys_mma: object = None
     score_keys_mma_fb16: object = None
     score_keys_mma_fb32: object = None
 

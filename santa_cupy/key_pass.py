@@ -84,15 +84,13 @@ class KeyScorePass:
     (tensor cores; one warp a run, 4 a block).
     tiles_per_block: that run's tiles (the block's, or with "mma" the warp's); None: fitted
     (fit_tiles_per_block, kernels.tiles_per_warp).
-    fixed_key_block: with "mma", the instance whose key block is a compile-time constant
-    (KernelChoice.fixed_key_block).
     Attributes (overwritten by each launch): key_weight [B, KVH, C] float32 (each block's
     Horvitz-Thompson weight, 0 where no draw read it), key_pi [B, KVH, C] float32 (pi_c),
     blocks_read [B, KVH] int32 (blocks of each K row read).
     """
 
     def __init__(self, *, batch, heads, kv_heads, head_dim, max_length, dtype, block_n, setting, scale,
-                 head_offset=0, tiles_per_block=None, score_kernel="auto", fixed_key_block=False):
+                 head_offset=0, tiles_per_block=None, score_kernel="auto"):
         import cupy
 
         group = heads // kv_heads
@@ -109,15 +107,9 @@ class KeyScorePass:
         self.kernels = kernels.get_kernels(dtype, head_dim, group, block_n, "santa")
         spec.check_choice("score_kernel", score_kernel, _kernel_choice.SCORE_KERNELS)
         self.score_kernel = _kernel_choice.resolve_kernel_choice("score_kernel", score_kernel, dtype, head_dim)
-        if fixed_key_block and self.score_kernel != "mma":
-            raise ValueError("fixed_key_block needs the tensor-core pass (score_kernel 'mma' or 'auto' where it "
-                             f"exists), got score_kernel={score_kernel!r} at dtype={dtype!r}, head_dim={head_dim}")
-        self.fixed_key_block = bool(fixed_key_block)
-        if self.score_kernel != "mma":
-            self._score = self.kernels.score_keys
-        else:
-            self._score = getattr(self.kernels, f"score_keys_mma_fb{self.FB}") if fixed_key_block \
-                else self.kernels.score_keys_mma
+        # santa_score_keys_mma: one instance a key block (FB a template constant)
+        self._score = getattr(self.kernels, f"score_keys_mma_fb{self.FB}") if self.score_kernel == "mma" \
+            else self.kernels.score_keys
         attrs = cupy.cuda.Device().attributes
         slots = kernels.resident_blocks(self._score, kernels.THREADS, 0, attrs) * attrs["MultiProcessorCount"]
         if tiles_per_block:
@@ -159,10 +151,11 @@ class KeyScorePass:
     def launch_scores(self, q, kb, lengths, scores, part_s, launch=kernels.launch):
         """santa_score_keys(_mma) alone, on the blocks of the last launch_blocks."""
         i32, i64, f32 = kernels.i32, kernels.i64, kernels.f32
-        order = (self.group_order,) if self.score_kernel == "mma" else ()   # the mma pass's launch order
+        # the mma pass: FB its instance's, and its launch order; the FMA pass: FB an argument
+        extra = (self.key_weight, self.group_order) if self.score_kernel == "mma" else (i32(self.FB), self.key_weight)
         launch(self._score, (self._grid_x, self.KVH, self.B),
                (q, kb, lengths, f32(self.scale), i32(self.H), i32(self.KVH), i64(self.L_max), i32(self.T_max),
-                i32(self.tiles_per_block), i32(self.FB), self.key_weight, *order, scores, part_s))
+                i32(self.tiles_per_block), *extra, scores, part_s))
 
     def key_fraction(self):
         """[B, KVH] float32 (a new CuPy array): the fraction of each K row's blocks read by the last

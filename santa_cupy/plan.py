@@ -259,8 +259,7 @@ class DecodePlan(_PlanLaunches, _PlanSizing):
         self.key_pass = key_pass.KeyScorePass(
             batch=B, heads=H, kv_heads=kv_heads, head_dim=D, max_length=max_length, dtype=dtype,
             block_n=self.block_n, setting=setting, scale=self.scale, head_offset=self.head_offset,
-            tiles_per_block=choice.tiles_per_warp, score_kernel=self.score_kernel,
-            fixed_key_block=choice.fixed_key_block) if setting.key_sampled else None
+            tiles_per_block=choice.tiles_per_warp, score_kernel=self.score_kernel) if setting.key_sampled else None
         self._lengths = None         # int32 copy of lengths when the caller's are not int32
         self._last_lengths = None
         self._no_counts = cupy.zeros((1,), cupy.int32)

@@ -239,7 +239,7 @@ def paged_inputs(rng, lengths, page_size, H=8, KVH=2, D=128, dtype="bfloat16", l
 
 KERNEL_CHOICE_KEYS = ("dense_kernel", "score_kernel", "tile_kernel", "tiles_per_warp", "dense_splits",
                       "self_merge_max_splits", "fused_fixed_max_kv_bytes", "mma_min_rows", "finish_max_groups",
-                      "merge_wide", "programmatic", "stash_l2_max_bytes", "fixed_key_block")
+                      "merge_wide", "programmatic", "stash_l2_max_bytes")
 
 
 def make_plan(**kw):

@@ -351,38 +351,33 @@ def test_launch_order_heaviest_group_first(FB, D):
 @pytest.mark.parametrize("dtype,D,G,block_n", CONFIGS)
 @pytest.mark.parametrize("FB", [16, 32])
 @pytest.mark.parametrize("runs", [1, 3])
-def test_fixed_key_block_instance_is_bit_identical(dtype, D, G, block_n, FB, runs):
-    """santa_score_keys_mma with the key block a compile-time constant (KernelChoice.fixed_key_block)
-    writes the generic instance's stash and tile stats bit for bit, on the same draws: budgets
-    where every class of reads occurs (none, compact runs, the full width), runs of 1 and 3 tiles,
-    lengths ending inside a step, a tile and a run."""
+def test_every_read_class_against_reference(dtype, D, G, block_n, FB, runs):
+    """santa_score_keys_mma's instance for each key block on budgets where every class of reads
+    occurs (none, compact runs, the full width), runs of 1 and 3 tiles a warp, lengths ending
+    inside a step, a tile and a run, NaN in every K byte it must not read: the stash within the
+    float32 bound of the reference, each tile's max and exp-sum the reference's."""
     import cupy
     from santa_cupy.key_pass import KeyScorePass
     lengths = [3 * block_n + 5, 1, block_n, 2 * block_n - 3, 5 * block_n, 77]
     q, k, _, lens = _case(dtype, D, G, block_n, lengths, seed=FB + runs, KVH=4)
     B, H, _ = q.shape
-    qg, kbg = to_gpu(q, key_layout.to_blocked(k, FB))
-    lg = cupy.asarray(lens, dtype=cupy.int32)
-    L_max = key_layout.blocked_rows(kbg.shape)
     for budget in (0.3, 0.75):
         setting = _setting(block_n, key_block=FB, key_budget=budget, key_rule="uniform", key_draws=1)
-        out = []
-        for fixed in (False, True):
-            kp = KeyScorePass(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=L_max, dtype=dtype,
-                              block_n=block_n, setting=setting, scale=1.0 / np.sqrt(D), tiles_per_block=runs,
-                              fixed_key_block=fixed)
-            scores = cupy.full((B, H, L_max), np.nan, cupy.float32)
-            part_s = cupy.full((B, H, kp.T_max, 4), np.nan, cupy.float32)
-            kp.launch(qg, kbg, lg, cupy.full((1,), 7, cupy.int64), 2, scores, part_s)
-            out.append((scores.get(), part_s.get(), kp.key_weight.get()))
-        (s0, p0, w0), (s1, p1, w1) = out
-        assert np.array_equal(w0, w1)
-        classes = (w0 != 0).reshape(B * (H // G), D // 32, 32 // FB).any(-1).sum(-1)
+        want, ref = _reference(q, k, lens, setting, step=7, layer=2)
+        classes = ref.read.reshape(B * (H // G), D // 32, 32 // FB).any(-1).sum(-1)
         assert len(set(classes)) >= 2, classes
-        for b, n in enumerate(lens):
-            assert np.array_equal(s0[b, :, :n].view(np.uint32), s1[b, :, :n].view(np.uint32)), (budget, b)
-            t = -(-n // block_n)
-            assert np.array_equal(p0[b, :, :t, :2].view(np.uint32), p1[b, :, :t, :2].view(np.uint32)), (budget, b)
+        qg, kbg = to_gpu(q, _poisoned_blocked(k, FB, lens, ref.read, NAN_BITS[dtype]))
+        L_max = key_layout.blocked_rows(kbg.shape)
+        kp = KeyScorePass(batch=B, heads=H, kv_heads=H // G, head_dim=D, max_length=L_max, dtype=dtype,
+                          block_n=block_n, setting=setting, scale=1.0 / np.sqrt(D), tiles_per_block=runs)
+        assert kp.score_kernel == "mma" and kp._score is getattr(kp.kernels, f"score_keys_mma_fb{FB}")
+        scores = cupy.full((B, H, L_max), np.nan, cupy.float32)
+        part_s = cupy.full((B, H, kp.T_max, 4), np.nan, cupy.float32)
+        kp.launch(qg, kbg, cupy.asarray(lens, dtype=cupy.int32), cupy.full((1,), 7, cupy.int64), 2, scores, part_s)
+        assert np.array_equal(kp.key_weight.get(), ref.weight.astype(np.float32))
+        got = scores.get()[..., :k.shape[1]]
+        _assert_within_bound(got, want, _score_bound(q, k, lens, ref.weight, 1.0 / np.sqrt(D), FB), lens)
+        _assert_tile_stats(part_s.get(), want, lens, block_n, exp_sum=True)
 
 
 def test_layout_helpers_on_cupy():

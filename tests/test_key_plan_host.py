@@ -58,7 +58,11 @@ def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
     tpb = p.key_pass.tiles_per_block
     run = tpb * (4 if mma else 1)                       # tiles a block: 4 warps' runs, or the block's
     assert score[1] == (-(-(-(-L // block_n)) // run), KVH, B) and score[3][1] is kb
-    assert int(score[3][8]) == tpb and int(score[3][9]) == 16
+    assert int(score[3][8]) == tpb
+    if mma:                                             # FB: the instance's; the FMA pass's argument
+        assert p.key_pass._score is p.key_pass.kernels.score_keys_mma_fb16
+    else:
+        assert int(score[3][9]) == 16
     assert score[3][-2] is p.scores and score[3][-1] is p.part_s
     tile_args = tile[3]
     if warp:                                            # the key pass's stash, every sequence santa
@@ -289,19 +293,17 @@ def test_balanced_tiles_per_warp():
 
 
 @pytest.mark.parametrize("FB", [16, 32])
-def test_fixed_key_block_option(launches, FB):
-    """KernelChoice.fixed_key_block: the key pass launches santa_score_keys_mma's instance for its
-    key block (the launch checked against the C declaration like every other); off (the default)
-    the instance taking it as an argument; refused without the tensor-core pass."""
+def test_score_instance_per_key_block(launches, FB):
+    """The key pass launches santa_score_keys_mma's instance for its key block (the launch checked
+    against the C declaration like every other); the FMA pass (stream) takes FB as an argument."""
     q, kb, v, lengths = blocked_inputs(FB)
     setting = AttentionSetting.parse(KEYS).replace(key_block=FB)
-    p = plan(setting, _kernels=KernelChoice(fixed_key_block=True))
-    assert p.key_pass.fixed_key_block and p.key_pass._score is getattr(p.key_pass.kernels, f"score_keys_mma_fb{FB}")
+    p = plan(setting)
+    assert p.key_pass._score is getattr(p.key_pass.kernels, f"score_keys_mma_fb{FB}")
     p.run(q, kb, v, lengths, layer=0)
     assert [name for name, *_ in launches][:2] == ["santa_key_blocks", "santa_score_keys_mma"]
-    default = plan(setting)
-    assert not default.key_pass.fixed_key_block and default.key_pass._score is default.key_pass.kernels.score_keys_mma
-    with pytest.raises(ValueError, match="fixed_key_block needs the tensor-core pass"):
-        plan(setting, _kernels=KernelChoice(fixed_key_block=True, score_kernel="stream"))
-    with pytest.raises(ValueError, match="fixed_key_block must be True or False"):
-        KernelChoice(fixed_key_block=1)
+    stream = plan(setting, _kernels=KernelChoice(score_kernel="stream"))
+    assert stream.key_pass._score is stream.key_pass.kernels.score_keys
+    before = len(launches)
+    stream.run(q, kb, v, lengths, layer=0)
+    assert [name for name, *_ in launches][before:before + 2] == ["santa_key_blocks", "santa_score_keys"]

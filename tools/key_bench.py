@@ -47,9 +47,8 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma", "mma_fixed"),
-                    help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma, "
-                         "santa_score_keys_mma with the key block a constant (KernelChoice.fixed_key_block)")
+    ap.add_argument("--kernels", nargs="+", default=["stream", "mma"], choices=("stream", "mma"),
+                    help="the blocked pass's score kernels: santa_score_keys (FMA), santa_score_keys_mma")
     ap.add_argument("--rule", default="uniform", choices=("uniform", "qmax", "qrms"),
                     help="the blocks' inclusion rule (uniform: pi = budget, no search; qmax / qrms: "
                          "santa_key_blocks bisects for the budget)")
@@ -98,7 +97,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
                                    key_budget=budget, key_rule=args.rule)
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
                           block_n=args.block_n, setting=setting, scale=scale,
-                          score_kernel=kernel.removesuffix("_fixed"), fixed_key_block=kernel == "mma_fixed")
+                          score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         # the score kernel alone on the same draws, and santa_key_blocks alone: a launch of a few
         # microseconds, so in a CUDA graph (eager launches time the host)

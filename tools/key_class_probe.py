@@ -1,7 +1,6 @@
 """santa_score_keys_mma alone on fixed read patterns (GPU): which groups read what, not how many.
 
-    python tools/key_class_probe.py [FB] [fixed]   (FB 16 | 32, default 32; "fixed": the instance
-                                                    whose key block is a constant, fixed_key_block)
+    python tools/key_class_probe.py [FB]   (FB 16 | 32, default 32)
 
 B=16, 32k, llama8b, bf16, K in the blocked layout. Each line writes fixed key weights into a
 KeyScorePass's key_weight (every (sequence, KV head) reading its first N 32-feature groups) and
@@ -37,8 +36,7 @@ scores = cupy.empty((B, H, L), cupy.float32)
 part_s = cupy.empty((B, H, T, 4), cupy.float32)
 setting = AttentionSetting(block_n=128, key_sampling="bernoulli_block", key_block=FB, key_budget=0.25, key_rule="uniform")
 kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype="bfloat16", block_n=128,
-                  setting=setting, scale=1 / np.sqrt(D), score_kernel="mma",
-                  fixed_key_block=len(sys.argv) > 2 and sys.argv[2] == "fixed")
+                  setting=setting, scale=1 / np.sqrt(D), score_kernel="mma")
 t = lambda: event_median_us(cupy, lambda: kp.launch_scores(q, kb, lengths, scores, part_s),
                             cupy.cuda.get_current_stream(), repeats=5, warmup=3, inner=10)
 def groups_mask(ngroups):      # read the first ngroups 32-feature groups

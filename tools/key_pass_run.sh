@@ -2,8 +2,7 @@
 # One device call for block key sampling's speed of record (docs/BENCHMARKS.md, "Block key
 # sampling"): tools/key_bench.py at FB 32 and 16 (B=16 32k, rule "uniform": the K pass's share of
 # the proportional saving, issue 17's >= 0.85), tools/key_class_probe.py at FB 32 (the score kernel
-# on fixed read patterns), both with the generic instance and the fixed-key-block one
-# (KernelChoice.fixed_key_block), and bench kernels' key-sampling rows beside SANTA without key sampling
+# on fixed read patterns), and bench kernels' key-sampling rows beside SANTA without key sampling
 # and the dense peers (cuDNN, FA2, and FlashInfer where its wheels travel in .whl/: carry it), then
 # tests/test_gpu_key_sampling.py. ~4 minutes on a fresh machine (the llama8b shape's modules
 # and FlashInfer's decode kernels compile first, side by side).
@@ -24,10 +23,9 @@ echo "commit ${SANTA_CUPY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" >>
 python3 tools/warm_kernel_cache.py --jobs 16 --config bfloat16,128,4 > "$OUT/warm.log" 2>&1
 wait_flashinfer_warm > "$OUT/flashinfer.txt"       # nothing else runs while the timings run
 for fb in 32 16; do
-  timeout 150 python3 tools/key_bench.py --key-block $fb --kernels mma mma_fixed > "$OUT/key_bench_fb$fb.txt" 2>&1
+  timeout 150 python3 tools/key_bench.py --key-block $fb --kernels mma > "$OUT/key_bench_fb$fb.txt" 2>&1
 done
 timeout 100 python3 tools/key_class_probe.py 32 > "$OUT/key_class_fb32.txt" 2>&1
-timeout 100 python3 tools/key_class_probe.py 32 fixed >> "$OUT/key_class_fb32.txt" 2>&1
 M=santa-global-systematic-256-always,santa-global-systematic-256-keys95,santa-global-systematic-256-keys50fb32
 M=$M,santa-global-systematic-256-keys75fb32,santa-global-systematic-256-keys25fb32,$(peers)
 timeout 150 python3 bench.py kernels --shape llama8b --batch 16 --context 32k --methods $M --no-ceiling \
