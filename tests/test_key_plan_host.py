@@ -60,7 +60,7 @@ def test_key_sampled_plan_launches(launches, budget, block_n, score_kernel):
     assert score[1] == (-(-(-(-L // block_n)) // run), KVH, B) and score[3][1] is kb
     assert int(score[3][8]) == tpb
     if mma:                                             # FB: the instance's; the FMA pass's argument
-        assert p.key_pass._score is p.key_pass.kernels.score_keys_mma_fb16
+        assert p.key_pass._score is p.key_pass.kernels.score_keys_mma_fb16 and score[3][9] is p.key_pass.key_weight
     else:
         assert int(score[3][9]) == 16
     assert score[3][-2] is p.scores and score[3][-1] is p.part_s
