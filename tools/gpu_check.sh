@@ -3,6 +3,9 @@
 #   bash tools/gpu_check.sh [pytest -k expression]
 # SMOKE="-k expr": run those kernel tests first under a 90 s limit (a hanging kernel then costs
 # 90 s, not the call); TEST_TIMEOUT: seconds per test (300). Logs go to $OUT or ./out.
+# PART=i/n: the i-th of n interleaved shares of the GPU tests (tests/conftest.py), the sanitizer
+# with the last; the whole suite (~11 min of tests after a minute of compiles, H100, 35d8296)
+# overruns one call, so PART=1/2 then PART=2/2 at once on the warm machine (its kernel cache kept).
 # FlashInfer, a peer of bench kernels, travels as wheels in .whl/ (git-ignored; without them the
 # steps for it do nothing). tools/grid_run.sh and tests/test_bench.py source this file for its
 # functions alone.
@@ -79,8 +82,10 @@ if [ -n "${SMOKE:-}" ]; then
   echo "smoke ($SMOKE): $(tail -1 "$OUT/smoke.log")"
 fi
 # PYTEST_STOP="" runs every test (no -x), to see all failures of a change in one call
-python3 -m pytest -m gpu -q -rfs ${PYTEST_STOP--x} --timeout=${TEST_TIMEOUT:-300} --durations=8 ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-if [ -z "${SKIP_SANITIZER:-}" ]; then
+SANTA_TEST_PART=${PART:-} python3 -m pytest -m gpu -q -rfs ${PYTEST_STOP--x} --timeout=${TEST_TIMEOUT:-300} --durations=8 \
+  ${K:+-k "$K"} tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+P=${PART:-1/1}                     # the sanitizer runs with the last share (i = n) only
+if [ -z "${SKIP_SANITIZER:-}" ] && [ "${P%/*}" = "${P#*/}" ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitizer_case.py > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?: $(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses"; tail -3 "$OUT/memcheck.log"
   compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/racecheck_case.py > "$OUT/racecheck.log" 2>&1
