@@ -445,6 +445,7 @@ __device__ __forceinline__ void stash_zero_scores(float* scores, float4* part_s,
 // 16-key unit u of a tile for heads 2t and 2t + 1 (those < G): it stashes them (the 8 threads of a
 // t write 32 contiguous bytes of a head's row) and keeps one OnlineStats a head, combined over
 // the 8 threads at the tile's end (OnlineStats::reduce_rows), written by the threads gi = 0.
+// mq's products come scaled (KeyRowsQuery::load folds the scale into its block weights).
 template <typename T, int D, int BN, int G, typename Run, typename Query, typename KRows>
 __device__ __forceinline__ void score_run_key_rows(const Query& mq, const KRows& K, int n, i64 L_max,
                                                    int T_max, int t_begin, int t_end, i64 b, int g, i64 head0,
