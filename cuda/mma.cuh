@@ -431,18 +431,12 @@ struct KeyRowsQuery : GroupBlockWeights<NG> {
 // e^x for the online stats: ex2.approx.ftz of x log2(e), __expf's own MUFU.EX2 without its path
 // for results below 2^-126, which cannot change l (OnlineStats::push2).
 constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float exp_stats(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
-    return y;
-}
-
-// 2^x, ex2.approx.ftz (exp_stats without the log2(e)).
-__device__ __forceinline__ float ex2_stats(float x) {
+__device__ __forceinline__ float ex2_stats(float x) {   // 2^x (push2_log2 takes its own exponent)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float exp_stats(float x) { return ex2_stats(x * kLog2e); }
 
 // Online (max, exp-sum) of one thread's scores of one head row (a C-fragment row of
 // MmaQuery::scores, or a head column of KeyRowsQuery::scores_rows): after the steps seen so far,

@@ -117,10 +117,10 @@ class KernelChoice:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
                 what = "None (automatic) or an integer" if automatic else "an integer"
                 raise ValueError(f"{name} must be {what} >= {low}, got {value!r}")
-        for name, automatic in (("merge_wide", True), ("programmatic", True)):
+        for name in ("merge_wide", "programmatic"):
             value = getattr(self, name)
-            if not (isinstance(value, bool) or automatic and value is None):
-                raise ValueError(f"{name} must be {'None, ' if automatic else ''}True or False, got {value!r}")
+            if not (value is None or isinstance(value, bool)):
+                raise ValueError(f"{name} must be None, True or False, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         setting = AttentionSetting(block_n=args.block_n, key_sampling="bernoulli_block", key_block=FB,
                                    key_budget=budget, key_rule=args.rule)
         kp = KeyScorePass(batch=B, heads=H, kv_heads=KVH, head_dim=D, max_length=L, dtype=args.dtype,
-                          block_n=args.block_n, setting=setting, scale=scale,
-                          score_kernel=kernel)
+                          block_n=args.block_n, setting=setting, scale=scale, score_kernel=kernel)
         us = time_us(cupy, lambda: kp.launch(q, kb, lengths, step, 0, scores, part_s), args.reps)
         # the score kernel alone on the same draws, and santa_key_blocks alone: a launch of a few
         # microseconds, so in a CUDA graph (eager launches time the host)
@@ -114,7 +113,7 @@ def bench_blocked(cupy, kernel, args, q, kb, lengths, step, scale, scores, part_
         print(f"{'blocked ' + kernel + ', budget ' + format(budget, 'g'):44s} {us:9.1f} {read / 1e6:10.1f} "
               f"{read / us / 1e6:6.2f} {fraction:8.3f} {saving}   (score kernel alone {us_scores:.1f} us"
               f"{saving_scores}; santa_key_blocks alone {us_blocks:.1f} us, "
-              f"{kp.tiles_per_block} tiles a {'block' if kernel == 'stream' else 'warp'})")
+              f"{kp.tiles_per_block} tiles a {'warp' if kernel == 'mma' else 'block'})")
     if t_full is None:
         print("(no budget 1.0 in --budgets: the saving needs its time)")
 

@@ -1,6 +1,6 @@
 """santa_score_keys_mma alone on fixed read patterns (GPU): which groups read what, not how many.
 
-    python tools/key_class_probe.py [FB]   (FB 16 | 32, default 32)
+    python tools/key_class_probe.py [FB]        (FB 16 | 32, default 32)
 
 B=16, 32k, llama8b, bf16, K in the blocked layout. Each line writes fixed key weights into a
 KeyScorePass's key_weight (every (sequence, KV head) reading its first N 32-feature groups) and
